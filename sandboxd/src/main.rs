@@ -1,0 +1,2 @@
+//! sandboxd entry point.
+fn main() {}

@@ -1,0 +1,44 @@
+//! `wire`: the v1 frame protocol spoken between sandboxd (host) and silkd (guest).
+//!
+//! # Layout
+//! - [`msg`]: the request and response messages as serde types.
+//! - [`codec`]: `u32` big-endian length + MessagePack, capped at [`MAX_FRAME`], as a
+//!   tokio-util `Decoder`/`Encoder` usable on any `AsyncRead + AsyncWrite`.
+//!
+//! This crate does no I/O of its own: callers wrap their streams in a `Framed`.
+#![deny(missing_docs)]
+
+pub mod codec;
+pub mod msg;
+
+pub use codec::{decode_frame, encode_frame, FrameCodec, GuestCodec, HostCodec, MAX_FRAME};
+pub use msg::{ErrorKind, ProcInfo, ProcState, Request, Response, PROTO_VERSION};
+
+/// Everything that can go wrong reading or writing a frame.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The length prefix announced more than [`MAX_FRAME`] bytes; nothing was allocated.
+    #[error("frame of {len} bytes exceeds the {max} byte cap")]
+    TooLarge {
+        /// Announced (or encoded) length.
+        len: u64,
+        /// The cap.
+        max: usize,
+    },
+    /// The frame was complete but its bytes are not a message of the expected type.
+    #[error("malformed frame: {0}")]
+    Malformed(String),
+    /// A message could not be encoded.
+    #[error("cannot encode message: {0}")]
+    Encode(String),
+    /// The underlying stream failed.
+    #[error("i/o: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl Error {
+    /// True when the peer sent bytes we could not accept (as opposed to an I/O failure).
+    pub fn is_bad_input(&self) -> bool {
+        matches!(self, Error::TooLarge { .. } | Error::Malformed(_))
+    }
+}

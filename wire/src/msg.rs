@@ -1,0 +1,178 @@
+//! The v1 messages. Requests flow host → guest, responses guest → host.
+//!
+//! Encoding: each message is a MessagePack map with a `type` field naming the variant
+//! (snake_case) and the variant's fields by name; byte payloads are MessagePack `bin`.
+
+use serde::{Deserialize, Serialize};
+
+/// Protocol version carried in [`Response::Info`].
+pub const PROTO_VERSION: u32 = 1;
+
+/// A request from the host (or an SDK speaking through the relay) to silkd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Request {
+    /// Start a command. Answered by `Started`, output frames, then `Exit` (or `Error`).
+    Exec {
+        /// Program and arguments; `argv[0]` is looked up in `PATH` when it has no `/`.
+        argv: Vec<String>,
+        /// Working directory; silkd's own when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<String>,
+        /// Extra environment on top of the base `PATH`, `HOME`, `TERM`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        env: Option<Vec<(String, String)>>,
+        /// When true the child's stdin is fed by `Stdin` frames; else `/dev/null`.
+        #[serde(default)]
+        stdin: bool,
+        /// Kill the command's process group after this many milliseconds.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timeout_ms: Option<u64>,
+    },
+    /// Bytes for the running exec's stdin (only valid during an `Exec` with `stdin: true`).
+    Stdin {
+        /// The bytes.
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// Close the running exec's stdin (EOF).
+    StdinClose,
+    /// Signal a command's whole process group. Answered by `Done` or `Error{not_found}`.
+    Kill {
+        /// The pid from `Started`.
+        pid: u32,
+        /// Signal number; SIGKILL when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+    },
+    /// List live and recently exited commands. Answered by `Procs`.
+    Ps,
+    /// Ask who is there. Answered by `Info`.
+    Info,
+}
+
+/// A response from silkd.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Response {
+    /// The command started with this pid (also its process group id).
+    Started {
+        /// Pid of the child, leader of its own process group.
+        pid: u32,
+    },
+    /// A chunk of the child's stdout.
+    Stdout {
+        /// The bytes, exactly as written.
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// A chunk of the child's stderr.
+    Stderr {
+        /// The bytes, exactly as written.
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// The command ended. Terminal for `Exec`.
+    Exit {
+        /// Exit code when it exited normally.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        code: Option<i32>,
+        /// Signal number when a signal ended it.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        signal: Option<i32>,
+        /// True when silkd killed it because `timeout_ms` expired.
+        timed_out: bool,
+    },
+    /// The request succeeded and has no other answer (`Kill`).
+    Done,
+    /// Answer to `Ps`.
+    Procs {
+        /// Live and recently exited commands.
+        procs: Vec<ProcInfo>,
+    },
+    /// Answer to `Info`.
+    Info {
+        /// silkd's version.
+        version: String,
+        /// Protocol version ([`PROTO_VERSION`]).
+        proto: u32,
+        /// Milliseconds since silkd started.
+        uptime_ms: u64,
+        /// Number of live commands.
+        procs: u32,
+    },
+    /// The request failed. Terminal for every verb.
+    Error {
+        /// What class of failure.
+        kind: ErrorKind,
+        /// Human-readable detail (paths, errno).
+        message: String,
+    },
+}
+
+impl Response {
+    /// Shorthand for an `Error` response.
+    pub fn error(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Response::Error {
+            kind,
+            message: message.into(),
+        }
+    }
+}
+
+/// Classes of failure, stable across versions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorKind {
+    /// The caller's fault: malformed frame, empty argv, missing command or cwd.
+    BadRequest,
+    /// Unknown pid.
+    NotFound,
+    /// Spawn hit EAGAIN, ENOMEM or EMFILE; retry later.
+    ResourceExhausted,
+    /// A verb this silkd does not implement.
+    Unimplemented,
+    /// Anything else; the message carries errno and context.
+    Internal,
+}
+
+impl ErrorKind {
+    /// The snake_case name used on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::BadRequest => "bad_request",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::ResourceExhausted => "resource_exhausted",
+            ErrorKind::Unimplemented => "unimplemented",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+/// One row of `Procs`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcInfo {
+    /// Pid (= process group id).
+    pub pid: u32,
+    /// The argv it was started with.
+    pub argv: Vec<String>,
+    /// Running or exited.
+    pub state: ProcState,
+    /// Exit code, once exited normally.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<i32>,
+    /// Signal, once ended by one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signal: Option<i32>,
+}
+
+/// Whether a command still runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProcState {
+    /// Still running.
+    Running,
+    /// Exited (kept for a while so a late `Kill` answers `Done`).
+    Exited,
+}
