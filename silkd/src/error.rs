@@ -1,0 +1,74 @@
+//! The crate's one error type, and how a spawn failure maps to a wire error kind.
+
+use wire::ErrorKind;
+
+/// Result with [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything silkd can fail at.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The caller asked for something impossible (bad argv, missing cwd...).
+    #[error("{0}")]
+    BadRequest(String),
+    /// The system ran out of something (EAGAIN, ENOMEM, EMFILE): retryable.
+    #[error("{context}: {source}")]
+    Exhausted {
+        /// What we were doing.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An OS call failed for another reason.
+    #[error("{context}: {source}")]
+    Io {
+        /// What we were doing.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A frame could not be read or written.
+    #[error(transparent)]
+    Wire(#[from] wire::Error),
+    /// A listen address we cannot parse.
+    #[error("bad listen address {0:?}: expected unix:/path or vsock:PORT")]
+    ListenAddr(String),
+}
+
+impl Error {
+    /// An I/O failure with context; EAGAIN/ENOMEM/EMFILE/ENFILE become [`Error::Exhausted`].
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        let context = context.into();
+        match source.raw_os_error() {
+            Some(libc::EAGAIN | libc::ENOMEM | libc::EMFILE | libc::ENFILE) => {
+                Error::Exhausted { context, source }
+            }
+            _ => Error::Io { context, source },
+        }
+    }
+
+    /// The wire error kind this failure is reported as.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::BadRequest(_) | Error::ListenAddr(_) => ErrorKind::BadRequest,
+            Error::Exhausted { .. } => ErrorKind::ResourceExhausted,
+            Error::Wire(e) if e.is_bad_input() => ErrorKind::BadRequest,
+            Error::Io { .. } | Error::Wire(_) => ErrorKind::Internal,
+        }
+    }
+
+    /// The `Error` response for this failure; the message carries errno where there is one.
+    pub fn to_response(&self) -> wire::Response {
+        let message = match self {
+            Error::Exhausted { source, .. } | Error::Io { source, .. } => match source.raw_os_error()
+            {
+                Some(errno) => format!("{self} (errno {errno})"),
+                None => self.to_string(),
+            },
+            _ => self.to_string(),
+        };
+        wire::Response::error(self.kind(), message)
+    }
+}

@@ -1,0 +1,140 @@
+//! PID-1 duties, done only when silkd is the VM's init: mount the basic filesystems,
+//! load the image's kernel modules, bring up `lo`, name the virtio-serial ports.
+//! Orphans are reaped by the normal reaper (`proc::reaper`), which collects every child.
+//!
+//! Every step logs and carries on when it fails: a half-set-up guest that still answers
+//! is easier to debug than a kernel panic from init exiting.
+
+use std::ffi::CString;
+use std::path::Path;
+
+use nix::mount::{mount, MsFlags};
+
+/// Where the image lists the modules to load, one path per line, in load order.
+pub const MODULES_LIST: &str = "/etc/silkd/modules";
+
+/// Runs every PID-1 duty, in order.
+pub fn pid1_duties() {
+    mount_basics();
+    load_modules(Path::new(MODULES_LIST));
+    if let Err(e) = bring_up_loopback() {
+        tracing::warn!("bringing up lo: {e}");
+    }
+    link_virtio_ports();
+}
+
+fn mount_basics() {
+    let nodev = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    let mounts: [(&str, &str, &str, MsFlags, Option<&str>); 6] = [
+        ("proc", "/proc", "proc", nodev, None),
+        ("sysfs", "/sys", "sysfs", nodev, None),
+        ("devtmpfs", "/dev", "devtmpfs", MsFlags::MS_NOSUID, Some("mode=0755")),
+        (
+            "devpts",
+            "/dev/pts",
+            "devpts",
+            MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+            Some("gid=5,mode=620,ptmxmode=666"),
+        ),
+        ("tmpfs", "/tmp", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777")),
+        ("tmpfs", "/run", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755")),
+    ];
+    for (src, target, fstype, flags, data) in mounts {
+        if let Err(e) = std::fs::create_dir_all(target) {
+            tracing::warn!("mkdir {target}: {e}");
+        }
+        if let Err(e) = mount(Some(src), target, Some(fstype), flags, data) {
+            tracing::warn!("mount {fstype} on {target}: {e}");
+        }
+    }
+}
+
+fn load_modules(list: &Path) {
+    let text = match std::fs::read_to_string(list) {
+        Ok(t) => t,
+        Err(e) => {
+            tracing::info!("no module list at {}: {e}", list.display());
+            return;
+        }
+    };
+    for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+        match load_module(Path::new(line)) {
+            Ok(()) => tracing::debug!("loaded {line}"),
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}
+            Err(e) => tracing::warn!("loading module {line}: {e}"),
+        }
+    }
+}
+
+fn load_module(path: &Path) -> std::io::Result<()> {
+    let file = std::fs::File::open(path)?;
+    let params = CString::default();
+    // SAFETY: finit_module takes an open fd, a NUL-terminated parameter string and flags;
+    // both outlive the call.
+    let rc = unsafe {
+        libc::syscall(
+            libc::SYS_finit_module,
+            std::os::fd::AsRawFd::as_raw_fd(&file),
+            params.as_ptr(),
+            0,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
+
+fn bring_up_loopback() -> std::io::Result<()> {
+    // SAFETY: a plain socket(2) call; the fd is closed below.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: ifreq is plain old data; zeroed is a valid value.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: SIOCGIFFLAGS/SIOCSIFFLAGS read and write the ifreq we own.
+    let result = unsafe {
+        if libc::ioctl(fd, libc::SIOCGIFFLAGS, &mut req) < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            req.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            if libc::ioctl(fd, libc::SIOCSIFFLAGS, &req) < 0 {
+                Err(std::io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        }
+    };
+    // SAFETY: fd is ours and open.
+    unsafe { libc::close(fd) };
+    result
+}
+
+/// udev is absent: create `/dev/virtio-ports/<name>` → `/dev/vportNpM` ourselves.
+fn link_virtio_ports() {
+    let Ok(dir) = std::fs::read_dir("/sys/class/virtio-ports") else {
+        return;
+    };
+    let _ = std::fs::create_dir_all("/dev/virtio-ports");
+    for entry in dir.flatten() {
+        let port = entry.file_name();
+        let Ok(name) = std::fs::read_to_string(entry.path().join("name")) else {
+            continue;
+        };
+        let name = name.trim();
+        if name.is_empty() || name.contains('/') {
+            continue;
+        }
+        let link = Path::new("/dev/virtio-ports").join(name);
+        let target = Path::new("/dev").join(&port);
+        let _ = std::fs::remove_file(&link);
+        if let Err(e) = std::os::unix::fs::symlink(&target, &link) {
+            tracing::warn!("linking {}: {e}", link.display());
+        }
+    }
+}
