@@ -52,7 +52,10 @@ where
         let _ = tx.send(e.to_response()).await;
     }
     drop(tx);
-    if tokio::time::timeout(CLOSE_FLUSH, &mut writer).await.is_err() {
+    if tokio::time::timeout(CLOSE_FLUSH, &mut writer)
+        .await
+        .is_err()
+    {
         writer.abort();
     }
 }
@@ -148,13 +151,27 @@ async fn exec<S: AsyncRead>(
     };
     let pid = spawned.pid;
     // Whatever way we leave, a command whose peer is gone must not run on.
-    let mut group = GroupGuard { table, pid, armed: true };
+    let mut group = GroupGuard {
+        table,
+        pid,
+        armed: true,
+    };
     if tx.send(Response::Started { pid }).await.is_err() {
         return Ok(None);
     }
     let mut pumps = PumpSet(vec![
-        tokio::spawn(pump(spawned.stdout, tx.clone(), Stream::Stdout, status_rx.clone())),
-        tokio::spawn(pump(spawned.stderr, tx.clone(), Stream::Stderr, status_rx.clone())),
+        tokio::spawn(pump(
+            spawned.stdout,
+            tx.clone(),
+            Stream::Stdout,
+            status_rx.clone(),
+        )),
+        tokio::spawn(pump(
+            spawned.stderr,
+            tx.clone(),
+            Stream::Stderr,
+            status_rx.clone(),
+        )),
     ]);
     let mut stdin = StdinFeed::new(spawned.stdin);
     let deadline = timeout_ms.map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));

@@ -62,11 +62,12 @@ impl Error {
     /// The `Error` response for this failure; the message carries errno where there is one.
     pub fn to_response(&self) -> wire::Response {
         let message = match self {
-            Error::Exhausted { source, .. } | Error::Io { source, .. } => match source.raw_os_error()
-            {
-                Some(errno) => format!("{self} (errno {errno})"),
-                None => self.to_string(),
-            },
+            Error::Exhausted { source, .. } | Error::Io { source, .. } => {
+                match source.raw_os_error() {
+                    Some(errno) => format!("{self} (errno {errno})"),
+                    None => self.to_string(),
+                }
+            }
             _ => self.to_string(),
         };
         wire::Response::error(self.kind(), message)

@@ -28,7 +28,13 @@ fn mount_basics() {
     let mounts: [(&str, &str, &str, MsFlags, Option<&str>); 6] = [
         ("proc", "/proc", "proc", nodev, None),
         ("sysfs", "/sys", "sysfs", nodev, None),
-        ("devtmpfs", "/dev", "devtmpfs", MsFlags::MS_NOSUID, Some("mode=0755")),
+        (
+            "devtmpfs",
+            "/dev",
+            "devtmpfs",
+            MsFlags::MS_NOSUID,
+            Some("mode=0755"),
+        ),
         (
             "devpts",
             "/dev/pts",
@@ -36,8 +42,20 @@ fn mount_basics() {
             MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
             Some("gid=5,mode=620,ptmxmode=666"),
         ),
-        ("tmpfs", "/tmp", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777")),
-        ("tmpfs", "/run", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755")),
+        (
+            "tmpfs",
+            "/tmp",
+            "tmpfs",
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=1777"),
+        ),
+        (
+            "tmpfs",
+            "/run",
+            "tmpfs",
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some("mode=0755"),
+        ),
     ];
     for (src, target, fstype, flags, data) in mounts {
         if let Err(e) = std::fs::create_dir_all(target) {
@@ -57,7 +75,11 @@ fn load_modules(list: &Path) {
             return;
         }
     };
-    for line in text.lines().map(str::trim).filter(|l| !l.is_empty() && !l.starts_with('#')) {
+    for line in text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+    {
         match load_module(Path::new(line)) {
             Ok(()) => tracing::debug!("loaded {line}"),
             Err(e) if e.raw_os_error() == Some(libc::EEXIST) => {}

@@ -70,7 +70,11 @@ async fn exact_binary_output() {
     let silkd = Silkd::start();
     let mut c = silkd.connect().await;
     let out = c
-        .run(&["sh", "-c", "head -c 4096 /dev/urandom | tee /dev/stderr | sha256sum"])
+        .run(&[
+            "sh",
+            "-c",
+            "head -c 4096 /dev/urandom | tee /dev/stderr | sha256sum",
+        ])
         .await;
     assert_eq!(out.code, Some(0));
     assert_eq!(out.stderr.len(), 4096);
@@ -115,7 +119,10 @@ async fn spawn_errors_are_typed_and_name_the_path() {
     let file = not_exec.to_str().unwrap().to_string();
     let cases: Vec<(Request, &str)> = vec![
         (exec_req(&["no-such-command-xyz"]), "no-such-command-xyz"),
-        (exec_req(&["/nonexistent/bin/tool"]), "/nonexistent/bin/tool"),
+        (
+            exec_req(&["/nonexistent/bin/tool"]),
+            "/nonexistent/bin/tool",
+        ),
         (exec_req(&[&file]), &file),
         (exec_req(&["/tmp"]), "/tmp"),
         (
@@ -145,7 +152,10 @@ async fn spawn_errors_are_typed_and_name_the_path() {
             Response::Error {
                 kind: ErrorKind::BadRequest,
                 message,
-            } => assert!(message.contains(needle), "{message:?} should name {needle:?}"),
+            } => assert!(
+                message.contains(needle),
+                "{message:?} should name {needle:?}"
+            ),
             other => panic!("{req:?}: expected bad_request, got {other:?}"),
         }
     }
@@ -159,7 +169,11 @@ async fn timeout_kills_the_group() {
     let mut c = silkd.connect().await;
     let out = c
         .exec(Request::Exec {
-            argv: vec!["sh".into(), "-c".into(), "sleep 600 & sleep 600; wait".into()],
+            argv: vec![
+                "sh".into(),
+                "-c".into(),
+                "sleep 600 & sleep 600; wait".into(),
+            ],
             cwd: None,
             env: None,
             stdin: false,
@@ -179,7 +193,9 @@ async fn hundred_concurrent_execs_on_hundred_connections() {
     for i in 0..100 {
         let mut c = silkd.connect().await;
         tasks.push(tokio::spawn(async move {
-            let out = c.run(&["sh", "-c", &format!("echo {i}; exit {}", i % 5)]).await;
+            let out = c
+                .run(&["sh", "-c", &format!("echo {i}; exit {}", i % 5)])
+                .await;
             (i, out)
         }));
     }
@@ -206,5 +222,12 @@ async fn ps_lists_live_and_recent() {
     assert_eq!(find(done.pid).code, Some(0));
     assert_eq!(find(live).state, wire::ProcState::Running);
     assert_eq!(find(live).argv, ["sleep", "600"]);
-    assert_eq!(c.rpc(Request::Kill { pid: live, signal: None }).await, Response::Done);
+    assert_eq!(
+        c.rpc(Request::Kill {
+            pid: live,
+            signal: None
+        })
+        .await,
+        Response::Done
+    );
 }

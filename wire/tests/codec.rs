@@ -21,7 +21,16 @@ fn partial_frames_need_more_bytes() {
 fn four_gib_prefix_fails_before_allocating() {
     let mut buf = BytesMut::from(&[0xff, 0xff, 0xff, 0xff][..]);
     let err = GuestCodec::new().decode(&mut buf).unwrap_err();
-    assert!(matches!(err, wire::Error::TooLarge { len: 0xffff_ffff, .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            wire::Error::TooLarge {
+                len: 0xffff_ffff,
+                ..
+            }
+        ),
+        "{err}"
+    );
     assert!(err.is_bad_input());
     assert!(buf.capacity() < 1024, "the decoder grew the buffer");
 }
@@ -82,7 +91,9 @@ async fn framed_over_a_duplex_stream() {
     let mut guest = Framed::new(b, GuestCodec::new());
     let data = (0..=255u8).cycle().take(100_000).collect::<Vec<_>>();
     let send = async {
-        host.send(Request::Stdin { data: data.clone() }).await.unwrap();
+        host.send(Request::Stdin { data: data.clone() })
+            .await
+            .unwrap();
         host.send(Request::StdinClose).await.unwrap();
         host
     };

@@ -137,9 +137,16 @@ where
     if std::env::var_os("WIRE_BLESS").is_some() {
         std::fs::write(&path, &encoded).expect("write fixture");
     }
-    let expected = std::fs::read(&path)
-        .unwrap_or_else(|e| panic!("fixture {} missing ({e}); run with WIRE_BLESS=1", path.display()));
-    assert_eq!(encoded, expected, "{name}: encoding drifted from the fixture");
+    let expected = std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "fixture {} missing ({e}); run with WIRE_BLESS=1",
+            path.display()
+        )
+    });
+    assert_eq!(
+        encoded, expected,
+        "{name}: encoding drifted from the fixture"
+    );
     let decoded: T = decode_frame(&expected).expect("decode fixture");
     assert_eq!(&decoded, value, "{name}: fixture decodes to another value");
 }
@@ -186,5 +193,8 @@ fn payloads_are_messagepack_bin() {
     .unwrap();
     // bin8 marker 0xc4, length 3, then the raw bytes: never an array of integers.
     let needle = [0xc4, 3, 0xAB, 0xAB, 0xAB];
-    assert!(bytes.windows(needle.len()).any(|w| w == needle), "{bytes:02x?}");
+    assert!(
+        bytes.windows(needle.len()).any(|w| w == needle),
+        "{bytes:02x?}"
+    );
 }

@@ -26,7 +26,8 @@ pub fn become_subreaper() {
 
 /// Installs the SIGCHLD handler now (so no exit is missed) and returns the reaping loop.
 pub fn run(table: Arc<ProcessTable>) -> Result<impl std::future::Future<Output = ()>> {
-    let mut sigchld = signal(SignalKind::child()).map_err(|e| Error::io("installing SIGCHLD", e))?;
+    let mut sigchld =
+        signal(SignalKind::child()).map_err(|e| Error::io("installing SIGCHLD", e))?;
     Ok(async move {
         loop {
             reap_all(&table);

@@ -30,7 +30,10 @@ impl Silkd {
             .expect("spawn silkd");
         let start = Instant::now();
         while std::os::unix::net::UnixStream::connect(&sock).is_err() {
-            assert!(start.elapsed() < Duration::from_secs(10), "silkd did not listen");
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "silkd did not listen"
+            );
             std::thread::sleep(Duration::from_millis(10));
         }
         Silkd {
@@ -73,7 +76,9 @@ impl Silkd {
 impl Drop for Silkd {
     fn drop(&mut self) {
         // SIGTERM lets silkd kill its commands; SIGKILL if it dawdles.
-        let _ = Command::new("kill").arg(self.child.id().to_string()).status();
+        let _ = Command::new("kill")
+            .arg(self.child.id().to_string())
+            .status();
         let start = Instant::now();
         while start.elapsed() < Duration::from_secs(3) {
             if let Ok(Some(_)) = self.child.try_wait() {
