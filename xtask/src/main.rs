@@ -1,1 +1,44 @@
-fn main() {}
+//! `cargo xtask`: parses the command line and hands off to one task module.
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use xtask::{bench, image, silkd, test};
+
+#[derive(Parser)]
+#[command(about = "Project automation: test gate, static silkd, guest image, benchmarks")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// The gate CI runs: fmt, clippy, the silkd binary, then every test.
+    Test(test::Args),
+    /// Build silkd as a static release binary and print its path.
+    BuildSilkd,
+    /// Build the guest image (kernel, initramfs, rootfs, manifest) from Debian packages.
+    Image(image::Args),
+    /// Run one benchmark.
+    Bench {
+        #[command(subcommand)]
+        which: bench::Bench,
+    },
+}
+
+fn main() -> ExitCode {
+    let result = match Cli::parse().task {
+        Task::Test(args) => test::run(&args),
+        Task::BuildSilkd => silkd::build_static().map(|path| println!("{}", path.display())),
+        Task::Image(args) => image::run(&args),
+        Task::Bench { which } => bench::run(which),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("xtask: error: {}", xtask::error_chain(&err));
+            ExitCode::FAILURE
+        }
+    }
+}
