@@ -115,7 +115,9 @@ pub fn build(args: &Args) -> Result<Manifest> {
     let applets = tool::output(Command::new(&busybox_bin).arg("--list-full"))?;
     for applet in applets.lines().map(str::trim).filter(|a| !a.is_empty()) {
         // `--list-full` gives each applet's usual place: bin/sh, usr/bin/awk, sbin/ip.
-        if !tree.contains(applet) {
+        // `linuxrc` is busybox's init under another name, at the root; the kernel
+        // runs /init (silkd) and nothing should suggest otherwise.
+        if applet != "linuxrc" && !tree.contains(applet) {
             tree.symlink(applet, "/bin/busybox");
         }
     }
@@ -138,7 +140,7 @@ pub fn build(args: &Args) -> Result<Manifest> {
     write(&staging.join("vmlinuz"), &vmlinuz)?;
 
     step("writing initramfs.cpio.gz");
-    let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::best());
+    let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::default());
     tree.write_cpio(&mut gz)
         .and_then(|()| gz.flush())
         .map_err(Error::io("compressing the initramfs", &staging))?;
