@@ -99,7 +99,10 @@ async fn main() {
         p.as_secs_f64() * 1e6,
         percentile(&spawn_times, 0.9).as_secs_f64() * 1e6
     );
-    println!("  ratio silkd / local:  {:.2}x", s.as_secs_f64() / p.as_secs_f64());
+    println!(
+        "  ratio silkd / local:  {:.2}x",
+        s.as_secs_f64() / p.as_secs_f64()
+    );
     let _ = child.kill();
     let _ = child.wait();
     let _ = std::fs::remove_dir_all(&dir);

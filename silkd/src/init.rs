@@ -160,3 +160,59 @@ fn link_virtio_ports() {
         }
     }
 }
+
+/// Applies a host session's hello: wall clock, fresh entropy (with a forced reseed, so
+/// clones of one snapshot stop sharing RNG output) and hostname. Only as PID 1: a
+/// silkd running as a normal process must never touch its host's clock.
+pub fn apply_hello(hello: &wire::session::Hello) {
+    if std::process::id() != 1 {
+        tracing::debug!("not PID 1: ignoring the hello's clock, entropy and hostname");
+        return;
+    }
+    let ts = libc::timespec {
+        tv_sec: (hello.time_ns / 1_000_000_000) as libc::time_t,
+        tv_nsec: (hello.time_ns % 1_000_000_000) as libc::c_long,
+    };
+    // SAFETY: clock_settime reads the timespec we own.
+    if unsafe { libc::clock_settime(libc::CLOCK_REALTIME, &ts) } != 0 {
+        tracing::warn!("setting the clock: {}", std::io::Error::last_os_error());
+    }
+    if let Err(e) = add_entropy(&hello.entropy) {
+        tracing::warn!("adding entropy: {e}");
+    }
+    if let Err(e) = nix::unistd::sethostname(&hello.hostname) {
+        tracing::warn!("setting hostname: {e}");
+    }
+}
+
+fn add_entropy(bytes: &[u8; 32]) -> std::io::Result<()> {
+    // struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+    #[repr(C)]
+    struct PoolInfo {
+        entropy_count: libc::c_int,
+        buf_size: libc::c_int,
+        buf: [u8; 32],
+    }
+    const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+    const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+    let info = PoolInfo {
+        entropy_count: 256,
+        buf_size: 32,
+        buf: *bytes,
+    };
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/urandom")?;
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    // SAFETY: RNDADDENTROPY reads a rand_pool_info laid out as above; RNDRESEEDCRNG takes
+    // no argument.
+    unsafe {
+        if libc::ioctl(fd, RNDADDENTROPY, &info) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if libc::ioctl(fd, RNDRESEEDCRNG) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}

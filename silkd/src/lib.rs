@@ -1,7 +1,7 @@
 //! silkd, the guest agent: listens for sandboxd, runs commands, tracks and kills them.
 //!
 //! # Layout
-//! - [`listen`]: where connections come from (`unix:PATH`, `vsock:PORT`).
+//! - [`listen`]: where connections come from (`unix:PATH`, `vsock:PORT`, `serial:NAME`).
 //! - [`conn`]: one connection = RPCs back to back (the verb dispatch and the exec loop).
 //! - [`proc`]: the process table, spawning, the single reaper, kill.
 //! - [`init`]: PID-1 duties, only when silkd is the VM's init.
@@ -24,7 +24,7 @@ use listen::ListenAddr;
 #[derive(Debug, clap::Parser)]
 #[command(name = "silkd", version, about = "Guest agent for sandboxd")]
 pub struct Args {
-    /// Where to listen: `unix:/path/sock` or `vsock:PORT`. Repeatable.
+    /// Where to listen: `unix:/path/sock`, `vsock:PORT` or `serial:NAME`. Repeatable.
     #[arg(long = "listen", required = true, value_parser = ListenAddr::parse)]
     pub listen: Vec<ListenAddr>,
 }

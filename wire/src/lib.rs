@@ -10,6 +10,7 @@
 
 pub mod codec;
 pub mod msg;
+pub mod session;
 
 pub use codec::{decode_frame, encode_frame, FrameCodec, GuestCodec, HostCodec, MAX_FRAME};
 pub use msg::{ErrorKind, ProcInfo, ProcState, Request, Response, PROTO_VERSION};

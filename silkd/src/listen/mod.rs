@@ -1,4 +1,5 @@
-//! Where connections come from. Each accepted stream is served by [`crate::conn`].
+//! Where connections come from (`unix:`, `vsock:`, `serial:`). Each stream is served by
+//! [`crate::conn`].
 
 use std::fmt;
 use std::path::PathBuf;
@@ -7,6 +8,7 @@ use std::sync::Arc;
 use crate::proc::ProcessTable;
 use crate::{Error, Result};
 
+mod serial;
 mod unix;
 #[cfg(target_os = "linux")]
 mod vsock;
@@ -18,6 +20,8 @@ pub enum ListenAddr {
     Unix(PathBuf),
     /// `vsock:PORT` (any CID).
     Vsock(u32),
+    /// `serial:NAME`: the virtio-serial port `/dev/virtio-ports/NAME` (or an absolute path).
+    Serial(String),
 }
 
 impl ListenAddr {
@@ -35,6 +39,12 @@ impl ListenAddr {
                 .map(ListenAddr::Vsock)
                 .map_err(|_| Error::ListenAddr(s.into()));
         }
+        if let Some(name) = s.strip_prefix("serial:") {
+            if name.is_empty() {
+                return Err(Error::ListenAddr(s.into()));
+            }
+            return Ok(ListenAddr::Serial(name.into()));
+        }
         Err(Error::ListenAddr(s.into()))
     }
 }
@@ -44,6 +54,7 @@ impl fmt::Display for ListenAddr {
         match self {
             ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
             ListenAddr::Vsock(port) => write!(f, "vsock:{port}"),
+            ListenAddr::Serial(name) => write!(f, "serial:{name}"),
         }
     }
 }
@@ -55,6 +66,8 @@ pub enum Listener {
     /// A vsock socket.
     #[cfg(target_os = "linux")]
     Vsock(tokio_vsock::VsockListener),
+    /// A virtio-serial port (opened lazily: it may appear after silkd starts).
+    Serial(PathBuf),
 }
 
 /// Binds `addr`.
@@ -65,12 +78,19 @@ pub async fn bind(addr: &ListenAddr) -> Result<Listener> {
         ListenAddr::Vsock(port) => vsock::bind(*port).map(Listener::Vsock),
         #[cfg(not(target_os = "linux"))]
         ListenAddr::Vsock(_) => Err(Error::ListenAddr("vsock needs Linux".into())),
+        ListenAddr::Serial(name) => Ok(Listener::Serial(serial::port_path(name))),
     }
 }
 
 /// Accepts forever, serving each connection on its own task. Accept errors (EMFILE...)
 /// are logged and retried after a pause instead of ending the loop.
 pub async fn accept_loop(listener: Listener, table: Arc<ProcessTable>) {
+    if let Listener::Serial(path) = listener {
+        if let Err(e) = serial::serve(path, table).await {
+            tracing::error!("serial listener stopped: {e}");
+        }
+        return;
+    }
     loop {
         let accepted = match &listener {
             Listener::Unix(l) => l
@@ -82,6 +102,7 @@ pub async fn accept_loop(listener: Listener, table: Arc<ProcessTable>) {
                 .accept()
                 .await
                 .map(|(s, _)| tokio::spawn(crate::conn::serve(s, table.clone()))),
+            Listener::Serial(_) => unreachable!("served above"),
         };
         if let Err(e) = accepted {
             tracing::warn!("accept: {e}");

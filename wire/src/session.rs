@@ -1,0 +1,271 @@
+//! The session layer of a VM channel (virtio-serial): a handshake that starts every host
+//! session, then yamux with one stream per RPC.
+//!
+//! A virtio-serial port survives host disconnects and may deliver bytes from an earlier
+//! session to the next one (a guest write blocked while the host was away completes
+//! later). So each session starts with a line-based handshake carrying a fresh nonce:
+//! the guest discards input until it sees `HELLO`, the host discards input until it sees
+//! `READY` with its own nonce. Nothing from before the handshake is ever delivered.
+//!
+//! ```text
+//! host → guest: "\nSILKD-HELLO v1 nonce=<32 hex> time_ns=<u64> entropy=<64 hex> hostname=<name>\n"
+//! guest → host: "\nSILKD-READY v1 nonce=<32 hex>\n"
+//! ```
+//! Then both sides run yamux over the same bytes: host = client, guest = server.
+//!
+//! This module does no I/O of its own: it runs on whatever `AsyncRead + AsyncWrite` it
+//! is given.
+
+use std::future::Future;
+use std::io;
+use std::task::Poll;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, oneshot};
+use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt, TokioAsyncReadCompatExt};
+
+const HELLO_MAGIC: &[u8] = b"\nSILKD-HELLO v1 ";
+const READY_MAGIC: &[u8] = b"\nSILKD-READY v1 nonce=";
+/// Longest handshake line accepted after its magic.
+const MAX_LINE: usize = 512;
+
+/// What the host hands every new session: identity and freshness for a restored clone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Hello {
+    /// Fresh per session, 16 random bytes.
+    pub nonce: [u8; 16],
+    /// Host wall clock, nanoseconds since the Unix epoch.
+    pub time_ns: u64,
+    /// Random bytes for the guest kernel's pool.
+    pub entropy: [u8; 32],
+    /// Hostname for the guest (`[A-Za-z0-9.-]`, at most 63 bytes).
+    pub hostname: String,
+}
+
+impl Hello {
+    /// The exact bytes the host sends.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut out = HELLO_MAGIC.to_vec();
+        out.extend_from_slice(
+            format!(
+                "nonce={} time_ns={} entropy={} hostname={}\n",
+                hex(&self.nonce),
+                self.time_ns,
+                hex(&self.entropy),
+                self.hostname
+            )
+            .as_bytes(),
+        );
+        out
+    }
+
+    fn parse(line: &str) -> io::Result<Hello> {
+        let mut nonce = None;
+        let mut time_ns = None;
+        let mut entropy = None;
+        let mut hostname = None;
+        for field in line.split(' ') {
+            let (k, v) = field
+                .split_once('=')
+                .ok_or_else(|| bad("field without ="))?;
+            match k {
+                "nonce" => nonce = Some(unhex::<16>(v)?),
+                "time_ns" => time_ns = Some(v.parse().map_err(|_| bad("bad time_ns"))?),
+                "entropy" => entropy = Some(unhex::<32>(v)?),
+                "hostname" => hostname = Some(valid_hostname(v)?.to_string()),
+                _ => {} // Later versions may add fields.
+            }
+        }
+        Ok(Hello {
+            nonce: nonce.ok_or_else(|| bad("no nonce"))?,
+            time_ns: time_ns.ok_or_else(|| bad("no time_ns"))?,
+            entropy: entropy.ok_or_else(|| bad("no entropy"))?,
+            hostname: hostname.ok_or_else(|| bad("no hostname"))?,
+        })
+    }
+}
+
+fn valid_hostname(v: &str) -> io::Result<&str> {
+    let ok = !v.is_empty()
+        && v.len() <= 63
+        && v.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    if ok {
+        Ok(v)
+    } else {
+        Err(bad("bad hostname"))
+    }
+}
+
+fn bad(msg: &str) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, format!("handshake: {msg}"))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn unhex<const N: usize>(s: &str) -> io::Result<[u8; N]> {
+    if s.len() != N * 2 {
+        return Err(bad("hex field of the wrong length"));
+    }
+    let mut out = [0u8; N];
+    for (i, o) in out.iter_mut().enumerate() {
+        *o = u8::from_str_radix(&s[i * 2..i * 2 + 2], 16).map_err(|_| bad("bad hex"))?;
+    }
+    Ok(out)
+}
+
+/// Reads until `magic` has been seen, discarding everything before it, then returns the
+/// rest of the line (without `\n`). EOF before that is `UnexpectedEof`.
+async fn read_after_magic<R: AsyncRead + Unpin>(io: &mut R, magic: &[u8]) -> io::Result<String> {
+    let mut matched = 0;
+    let mut byte = [0u8; 1];
+    loop {
+        io.read_exact(&mut byte).await?;
+        if byte[0] == magic[matched] {
+            matched += 1;
+            if matched == magic.len() {
+                break;
+            }
+        } else {
+            // The magic starts with '\n' and has no other '\n', so restarting is exact.
+            matched = usize::from(byte[0] == magic[0]);
+        }
+    }
+    let mut line = Vec::new();
+    loop {
+        io.read_exact(&mut byte).await?;
+        if byte[0] == b'\n' {
+            break;
+        }
+        if line.len() == MAX_LINE {
+            return Err(bad("line too long"));
+        }
+        line.push(byte[0]);
+    }
+    String::from_utf8(line).map_err(|_| bad("not UTF-8"))
+}
+
+/// Guest side: waits for the host's `HELLO` (skipping stale bytes), answers `READY`, and
+/// returns the hello for the caller to apply (clock, entropy, hostname).
+pub async fn guest_handshake<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S) -> io::Result<Hello> {
+    let hello = Hello::parse(&read_after_magic(io, HELLO_MAGIC).await?)?;
+    let mut ready = READY_MAGIC.to_vec();
+    ready.extend_from_slice(hex(&hello.nonce).as_bytes());
+    ready.push(b'\n');
+    io.write_all(&ready).await?;
+    io.flush().await?;
+    Ok(hello)
+}
+
+/// Host side: sends `hello`, then waits for `READY` carrying the same nonce, skipping
+/// anything an earlier session left in the channel.
+pub async fn host_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    io: &mut S,
+    hello: &Hello,
+) -> io::Result<()> {
+    io.write_all(&hello.to_bytes()).await?;
+    io.flush().await?;
+    let want = hex(&hello.nonce);
+    loop {
+        if read_after_magic(io, READY_MAGIC).await? == want {
+            return Ok(());
+        }
+    }
+}
+
+/// A yamux stream as a tokio `AsyncRead + AsyncWrite`.
+pub type MuxStream = Compat<yamux::Stream>;
+
+fn mux_config() -> yamux::Config {
+    let mut cfg = yamux::Config::default();
+    // 256 KiB per stream × 256 streams; bounds what a peer can make us buffer.
+    cfg.set_max_num_streams(256);
+    cfg.set_max_connection_receive_window(Some(256 * 1024 * 256));
+    cfg
+}
+
+/// Opens streams on a host-side (client) mux session.
+#[derive(Clone)]
+pub struct MuxOpener {
+    requests: mpsc::Sender<oneshot::Sender<io::Result<MuxStream>>>,
+}
+
+impl MuxOpener {
+    /// Opens a fresh stream to the guest; fails once the session is gone.
+    pub async fn open(&self) -> io::Result<MuxStream> {
+        let (tx, rx) = oneshot::channel();
+        let gone = || io::Error::new(io::ErrorKind::BrokenPipe, "guest session closed");
+        self.requests.send(tx).await.map_err(|_| gone())?;
+        rx.await.map_err(|_| gone())?
+    }
+
+    /// True once the session's driver has stopped.
+    pub fn is_closed(&self) -> bool {
+        self.requests.is_closed()
+    }
+}
+
+/// Host side: yamux client over `io` (after [`host_handshake`]). Returns the opener and
+/// the driver future, which must be polled (spawned) for the session to make progress;
+/// it ends when the channel closes.
+pub fn mux_client<S>(io: S) -> (MuxOpener, impl Future<Output = ()> + Send)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (tx, mut rx) = mpsc::channel::<oneshot::Sender<io::Result<MuxStream>>>(16);
+    let mut conn = yamux::Connection::new(io.compat(), mux_config(), yamux::Mode::Client);
+    let driver = async move {
+        let mut waiting: Option<oneshot::Sender<io::Result<MuxStream>>> = None;
+        let mut requests_open = true;
+        std::future::poll_fn(|cx| loop {
+            // Serve one open request at a time.
+            if waiting.is_none() && requests_open {
+                match rx.poll_recv(cx) {
+                    Poll::Ready(Some(w)) => waiting = Some(w),
+                    Poll::Ready(None) => requests_open = false,
+                    Poll::Pending => {}
+                }
+            }
+            if waiting.is_some() {
+                if let Poll::Ready(r) = conn.poll_new_outbound(cx) {
+                    let r = r
+                        .map(|s| s.compat())
+                        .map_err(|e| io::Error::new(io::ErrorKind::BrokenPipe, e));
+                    let failed = r.is_err();
+                    let _ = waiting.take().expect("checked").send(r);
+                    if failed {
+                        return Poll::Ready(());
+                    }
+                    continue;
+                }
+            }
+            // Drives the connection; the guest never opens streams, so any is dropped.
+            match conn.poll_next_inbound(cx) {
+                Poll::Ready(Some(Ok(_unexpected))) => continue,
+                Poll::Ready(Some(Err(_))) | Poll::Ready(None) => return Poll::Ready(()),
+                Poll::Pending => return Poll::Pending,
+            }
+        })
+        .await
+    };
+    (MuxOpener { requests: tx }, driver)
+}
+
+/// Guest side: yamux server over `io` (after [`guest_handshake`]); calls `on_stream` for
+/// every stream the host opens, until the channel closes (`Ok`) or fails (`Err`).
+pub async fn mux_server<S, F>(io: S, mut on_stream: F) -> io::Result<()>
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    F: FnMut(MuxStream),
+{
+    let mut conn = yamux::Connection::new(io.compat(), mux_config(), yamux::Mode::Server);
+    loop {
+        match std::future::poll_fn(|cx| conn.poll_next_inbound(cx)).await {
+            Some(Ok(stream)) => on_stream(stream.compat()),
+            Some(Err(e)) => return Err(io::Error::new(io::ErrorKind::BrokenPipe, e)),
+            None => return Ok(()),
+        }
+    }
+}

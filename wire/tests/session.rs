@@ -1,0 +1,112 @@
+//! The VM-channel session layer over an in-memory duplex: stale bytes are skipped in
+//! both directions, the nonce must match, and yamux carries many framed RPC streams.
+
+use futures::{SinkExt, StreamExt};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio_util::codec::Framed;
+use wire::session::{guest_handshake, host_handshake, mux_client, mux_server, Hello};
+use wire::{GuestCodec, HostCodec, Request, Response};
+
+fn hello(n: u8) -> Hello {
+    Hello {
+        nonce: [n; 16],
+        time_ns: 1_700_000_000_123_456_789,
+        entropy: [7; 32],
+        hostname: "sbx-abc.local".into(),
+    }
+}
+
+#[tokio::test]
+async fn handshake_skips_stale_bytes_both_ways() {
+    let (mut host, mut guest) = tokio::io::duplex(1 << 16);
+    // Leftovers of an earlier session in both directions, including a stale READY with
+    // another nonce and a half-written HELLO.
+    host.write_all(b"\x00\x00\x10\x00stale request bytes\nSILKD-HEL")
+        .await
+        .unwrap();
+    guest
+        .write_all(b"old output...\nSILKD-READY v1 nonce=")
+        .await
+        .unwrap();
+    guest.write_all(hex32(9).as_bytes()).await.unwrap();
+    guest.write_all(b"\n more junk").await.unwrap();
+    let sent = hello(1);
+    let guest_side = tokio::spawn(async move {
+        let got = guest_handshake(&mut guest).await.unwrap();
+        (got, guest)
+    });
+    host_handshake(&mut host, &sent).await.unwrap();
+    let (got, _guest) = guest_side.await.unwrap();
+    assert_eq!(got, sent);
+}
+
+fn hex32(n: u8) -> String {
+    format!("{n:02x}").repeat(16)
+}
+
+#[tokio::test]
+async fn handshake_rejects_bad_fields() {
+    let (mut host, mut guest) = tokio::io::duplex(4096);
+    host.write_all(b"\nSILKD-HELLO v1 nonce=zz time_ns=1 entropy=00 hostname=x\n")
+        .await
+        .unwrap();
+    let err = guest_handshake(&mut guest).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+    let mut bad_host = hello(2).to_bytes();
+    let at = bad_host.len() - 1;
+    bad_host.splice(at..at, b"/etc".iter().copied());
+    host.write_all(&bad_host).await.unwrap();
+    let err = guest_handshake(&mut guest).await.unwrap_err();
+    assert!(err.to_string().contains("hostname"), "{err}");
+}
+
+#[tokio::test]
+async fn handshake_eof_is_an_error_not_a_hang() {
+    let (host, mut guest) = tokio::io::duplex(64);
+    drop(host);
+    let err = guest_handshake(&mut guest).await.unwrap_err();
+    assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
+    let mut buf = [0u8; 1];
+    assert_eq!(guest.read(&mut buf).await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn mux_carries_concurrent_rpc_streams() {
+    let (mut host, mut guest) = tokio::io::duplex(1 << 16);
+    let server = tokio::spawn(async move {
+        guest_handshake(&mut guest).await.unwrap();
+        mux_server(guest, |stream| {
+            tokio::spawn(async move {
+                // Echo server speaking frames: answers each Stdin with Stdout.
+                let mut f = Framed::new(stream, GuestCodec::new());
+                while let Some(Ok(req)) = f.next().await {
+                    let Request::Stdin { data } = req else { break };
+                    f.send(Response::Stdout { data }).await.unwrap();
+                }
+            });
+        })
+        .await
+    });
+    host_handshake(&mut host, &hello(3)).await.unwrap();
+    let (opener, driver) = mux_client(host);
+    let driver = tokio::spawn(driver);
+    let mut tasks = Vec::new();
+    for i in 0..20u8 {
+        let opener = opener.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut f = Framed::new(opener.open().await.unwrap(), HostCodec::new());
+            let data = vec![i; 100_000];
+            f.send(Request::Stdin { data: data.clone() }).await.unwrap();
+            assert_eq!(f.next().await.unwrap().unwrap(), Response::Stdout { data });
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    drop(opener);
+    driver.abort();
+    let _ = driver.await;
+    // The guest sees the session end once the host side is gone.
+    let ended = tokio::time::timeout(std::time::Duration::from_secs(5), server).await;
+    assert!(ended.is_ok(), "guest mux did not notice the host leaving");
+}
