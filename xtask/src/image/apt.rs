@@ -140,6 +140,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_missing_package_is_named_with_what_to_do() {
+        let err = candidate("silk-no-such-package").unwrap_err().to_string();
+        assert!(
+            err.contains("`silk-no-such-package`")
+                && err.contains("No packages found")
+                && err.contains("apt-get update"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn depends_names_drop_versions_and_keep_alternatives() {
         let package = Package {
             name: "linux-image-cloud-amd64".into(),
