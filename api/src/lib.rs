@@ -181,6 +181,9 @@ pub struct GoldenInfo {
     /// The last build failure, kept until a build succeeds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_error: Option<String>,
+    /// Builds started by this daemon process (0 when a matching stamp was reused).
+    #[serde(default)]
+    pub builds: u64,
 }
 
 /// One pool in `GET /v1/info`.
@@ -253,4 +256,7 @@ pub struct InfoResponse {
     pub limits: LimitsInfo,
     /// Every pool.
     pub pools: Vec<PoolInfo>,
+    /// Node-level warnings, e.g. saved pool targets discarded because the config changed.
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }

@@ -1,2 +1,51 @@
-//! sandboxd entry point.
-fn main() {}
+//! sandboxd entry point: flags, logging, config, bind, then [`sandboxd::run`] until
+//! SIGTERM or SIGINT.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Host daemon handing out sandboxes over HTTP.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// The TOML config file.
+    #[arg(long)]
+    config: PathBuf,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match start(args).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sandboxd: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn start(args: Args) -> sandboxd::Result<()> {
+    let config = sandboxd::Config::load(&args.config)?;
+    tracing::info!("effective config:\n{}", config.redacted());
+    let listener = sandboxd::Listener::bind(&config).await?;
+    let mut term = signal(SignalKind::terminate())
+        .map_err(sandboxd::Error::io("installing SIGTERM handler"))?;
+    let mut int = signal(SignalKind::interrupt())
+        .map_err(sandboxd::Error::io("installing SIGINT handler"))?;
+    let shutdown = async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM"),
+            _ = int.recv() => tracing::info!("SIGINT"),
+        }
+    };
+    sandboxd::run(listener, config, shutdown).await
+}

@@ -1,0 +1,299 @@
+//! The HTTP surface: the route table, dispatch, strict JSON bodies (1 MiB cap, unknown
+//! fields rejected), and the one place an [`Error`] becomes a status. Handlers live in
+//! `sandboxes.rs` (per-sandbox and claim routes) and `node.rs` (node-wide routes); they
+//! turn requests into calls on [`Node`] and never touch guests directly.
+
+mod node;
+mod sandboxes;
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::combinators::BoxBody;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONTENT_TYPE, RETRY_AFTER};
+use hyper::{Method, Request, Response, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::error::Error;
+use crate::node::Node;
+
+/// Every response body.
+pub type Body = BoxBody<Bytes, Infallible>;
+
+/// Request bodies larger than this answer 413.
+pub const MAX_BODY: usize = 1024 * 1024;
+
+/// Every route of the v1 API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    /// `GET /healthz`
+    Healthz,
+    /// `GET /metrics`
+    Metrics,
+    /// `GET /v1/info`
+    Info,
+    /// `PUT /v1/pools`
+    Pools,
+    /// `POST /v1/claim`
+    Claim,
+    /// `GET /v1/sandboxes`
+    List,
+    /// `GET /v1/sandboxes/{id}`
+    Get,
+    /// `POST /v1/sandboxes/{id}/release`
+    Release,
+    /// `POST /v1/sandboxes/{id}/renew`
+    Renew,
+    /// `POST /v1/sandboxes/{id}/exec`
+    Exec,
+    /// `GET /v1/sandboxes/{id}/agent`
+    Agent,
+}
+
+impl Route {
+    /// The whole table; routing and the docs test both read it.
+    pub const ALL: [Route; 11] = [
+        Route::Healthz,
+        Route::Metrics,
+        Route::Info,
+        Route::Pools,
+        Route::Claim,
+        Route::List,
+        Route::Get,
+        Route::Release,
+        Route::Renew,
+        Route::Exec,
+        Route::Agent,
+    ];
+
+    /// Method and path pattern (`{id}` matches one segment).
+    pub fn spec(self) -> (Method, &'static str) {
+        match self {
+            Route::Healthz => (Method::GET, "/healthz"),
+            Route::Metrics => (Method::GET, "/metrics"),
+            Route::Info => (Method::GET, "/v1/info"),
+            Route::Pools => (Method::PUT, "/v1/pools"),
+            Route::Claim => (Method::POST, "/v1/claim"),
+            Route::List => (Method::GET, "/v1/sandboxes"),
+            Route::Get => (Method::GET, "/v1/sandboxes/{id}"),
+            Route::Release => (Method::POST, "/v1/sandboxes/{id}/release"),
+            Route::Renew => (Method::POST, "/v1/sandboxes/{id}/renew"),
+            Route::Exec => (Method::POST, "/v1/sandboxes/{id}/exec"),
+            Route::Agent => (Method::GET, "/v1/sandboxes/{id}/agent"),
+        }
+    }
+
+    /// Finds the route for a request: 404 for an unknown path, 405 for a known path with
+    /// another method. Returns the `{id}` segment when the pattern has one.
+    pub fn find(method: &Method, path: &str) -> Result<(Route, Option<String>), Error> {
+        let mut path_matched = false;
+        for route in Route::ALL {
+            let (m, pattern) = route.spec();
+            if let Some(id) = match_pattern(pattern, path) {
+                if m == method {
+                    return Ok((route, id));
+                }
+                path_matched = true;
+            }
+        }
+        Err(if path_matched {
+            Error::MethodNotAllowed
+        } else {
+            Error::NotFound
+        })
+    }
+}
+
+/// `Some(id)` when `path` matches (`Some(None)` without an `{id}`).
+fn match_pattern(pattern: &str, path: &str) -> Option<Option<String>> {
+    let mut id = None;
+    let mut want = pattern.split('/');
+    let mut got = path.split('/');
+    loop {
+        match (want.next(), got.next()) {
+            (None, None) => return Some(id),
+            (Some("{id}"), Some(seg)) if !seg.is_empty() => id = Some(seg.to_string()),
+            (Some(w), Some(g)) if w == g => {}
+            _ => return None,
+        }
+    }
+}
+
+/// The one mapping from an error to an HTTP status.
+pub fn status_of(error: &Error) -> StatusCode {
+    match error {
+        Error::BadRequest(_) => StatusCode::BAD_REQUEST,
+        Error::Unauthorized => StatusCode::UNAUTHORIZED,
+        Error::Forbidden => StatusCode::FORBIDDEN,
+        Error::NotFound => StatusCode::NOT_FOUND,
+        Error::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        Error::BodyTooLarge { .. } | Error::OutputTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
+        Error::UpgradeRequired => StatusCode::UPGRADE_REQUIRED,
+        Error::TooManyClaims(_) => StatusCode::TOO_MANY_REQUESTS,
+        Error::Busy { .. } | Error::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
+        Error::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+        Error::Guest(_) | Error::Wire(_) => StatusCode::BAD_GATEWAY,
+        Error::Config(_) | Error::Engine(_) | Error::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+    }
+}
+
+/// `{"error": ...}` with the status from [`status_of`] (and `Retry-After` when busy).
+fn error_response(error: &Error) -> Response<Body> {
+    let status = status_of(error);
+    let mut resp = json(
+        status,
+        &api::ErrorBody {
+            error: error.to_string(),
+        },
+    );
+    match error {
+        Error::Busy { retry_after, .. } => {
+            resp.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from(*retry_after));
+        }
+        Error::ShuttingDown => {
+            resp.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("5"));
+        }
+        _ => {}
+    }
+    resp
+}
+
+/// A JSON response.
+fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
+    let bytes = serde_json::to_vec(value).expect("API types always serialize");
+    let mut resp = Response::new(full(bytes));
+    *resp.status_mut() = status;
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp
+}
+
+fn full(bytes: impl Into<Bytes>) -> Body {
+    Full::new(bytes.into()).boxed()
+}
+
+/// An empty body.
+pub fn empty() -> Body {
+    full(Bytes::new())
+}
+
+/// Reads a whole request body (at most [`MAX_BODY`]) and decodes it strictly. An empty
+/// body decodes as `{}` when `empty_ok`.
+async fn read_json<T: DeserializeOwned>(
+    req: Request<Incoming>,
+    empty_ok: bool,
+) -> Result<T, Error> {
+    let bytes = Limited::new(req.into_body(), MAX_BODY)
+        .collect()
+        .await
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                Error::BodyTooLarge { limit: MAX_BODY }
+            } else {
+                Error::BadRequest(format!("reading body: {e}"))
+            }
+        })?
+        .to_bytes();
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) && empty_ok {
+        b"{}"
+    } else {
+        &bytes
+    };
+    serde_json::from_slice(bytes).map_err(|e| Error::BadRequest(format!("invalid JSON body: {e}")))
+}
+
+/// Serves one request; never fails (errors become JSON answers).
+pub async fn handle(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let resp = match dispatch(node, req).await {
+        Ok(resp) => resp,
+        Err(e) => {
+            let resp = error_response(&e);
+            if resp.status().is_server_error() {
+                tracing::warn!(%method, %path, status = resp.status().as_u16(), "{e}");
+            }
+            resp
+        }
+    };
+    tracing::debug!(%method, %path, status = resp.status().as_u16());
+    Ok(resp)
+}
+
+async fn dispatch(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>, Error> {
+    let (route, id) = Route::find(req.method(), req.uri().path())?;
+    if route == Route::Healthz {
+        return Ok(json(StatusCode::OK, &serde_json::json!({"status": "ok"})));
+    }
+    let caller = node.auth.identify(req.headers(), &node.claims)?;
+    let id = id.unwrap_or_default();
+    match route {
+        Route::Healthz => unreachable!("answered before authentication"),
+        Route::Metrics => node::metrics(&node, &caller),
+        Route::Info => node::info(&node, &caller),
+        Route::Pools => node::put_pools(&node, &caller, req).await,
+        Route::Claim => sandboxes::claim(&node, &caller, req).await,
+        Route::List => sandboxes::list(&node, &caller),
+        Route::Get => sandboxes::get(&node, &caller, &id),
+        Route::Release => sandboxes::release(&node, &caller, &id).await,
+        Route::Renew => sandboxes::renew(&node, &caller, &id, req).await,
+        Route::Exec => sandboxes::exec(&node, &caller, &id, req).await,
+        Route::Agent => sandboxes::agent(&node, &caller, &id, req).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routing() {
+        let (r, id) = Route::find(&Method::POST, "/v1/sandboxes/sb-1/exec").unwrap();
+        assert_eq!((r, id.as_deref()), (Route::Exec, Some("sb-1")));
+        assert_eq!(
+            Route::find(&Method::GET, "/v1/sandboxes").unwrap().0,
+            Route::List
+        );
+        assert!(matches!(
+            Route::find(&Method::DELETE, "/v1/claim"),
+            Err(Error::MethodNotAllowed)
+        ));
+        assert!(matches!(
+            Route::find(&Method::GET, "/v1/sandboxes//exec"),
+            Err(Error::NotFound)
+        ));
+        assert!(matches!(
+            Route::find(&Method::GET, "/v2/info"),
+            Err(Error::NotFound)
+        ));
+    }
+
+    #[test]
+    fn every_route_is_documented() {
+        let doc = include_str!("../../../docs/api.md");
+        for route in Route::ALL {
+            let (method, pattern) = route.spec();
+            let heading = format!("`{method} {pattern}`");
+            assert!(doc.contains(&heading), "docs/api.md lacks {heading}");
+        }
+    }
+
+    #[test]
+    fn statuses() {
+        assert_eq!(status_of(&Error::Timeout { seconds: 1.0 }), 504);
+        assert_eq!(status_of(&Error::OutputTooLarge { limit: 1 }), 413);
+        let busy = Error::Busy {
+            reason: "x".into(),
+            retry_after: 2,
+        };
+        let resp = error_response(&busy);
+        assert_eq!(resp.status(), 503);
+        assert_eq!(resp.headers()[RETRY_AFTER], "2");
+    }
+}

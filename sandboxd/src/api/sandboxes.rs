@@ -1,0 +1,116 @@
+//! Claim and per-sandbox routes: claim, list, get, release, renew, exec, agent relay.
+//! Authorization order: authenticate (401), check the caller kind (403), then look the id
+//! up, where a foreign sandbox token looks exactly like an unknown id (404).
+
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use hyper::header::HeaderValue;
+use hyper::{Request, Response, StatusCode};
+
+use super::{empty, json, read_json, Body};
+use crate::auth::{require_claimer, require_root, require_sandbox, Caller};
+use crate::claims::Sandbox;
+use crate::error::{Error, Result};
+use crate::node::Node;
+use crate::{exec, relay};
+
+/// Resolves a per-sandbox route's target for `caller`.
+fn target(node: &Node, caller: &Caller, id: &str) -> Result<std::sync::Arc<Sandbox>> {
+    require_sandbox(caller, id)?;
+    node.sandbox(id)
+}
+
+pub(super) async fn claim(
+    node: &Node,
+    caller: &Caller,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
+    let tenant = require_claimer(caller)?;
+    let body: api::ClaimRequest = read_json(req, true).await?;
+    let claimed = node.claim(tenant, body).await?;
+    let mut resp = json(StatusCode::OK, &claimed.response);
+    // Server time of the claim, for clients and benchmarks measuring it.
+    let timing = format!("claim;dur={:.3}", claimed.elapsed.as_secs_f64() * 1000.0);
+    if let Ok(v) = HeaderValue::from_str(&timing) {
+        resp.headers_mut().insert("server-timing", v);
+    }
+    Ok(resp)
+}
+
+pub(super) fn list(node: &Node, caller: &Caller) -> Result<Response<Body>> {
+    let tenant = require_claimer(caller)?;
+    let sandboxes = node
+        .claims
+        .list(tenant)
+        .iter()
+        .map(|s| s.summary())
+        .collect();
+    Ok(json(StatusCode::OK, &api::SandboxList { sandboxes }))
+}
+
+pub(super) fn get(node: &Node, caller: &Caller, id: &str) -> Result<Response<Body>> {
+    require_root(caller)?;
+    Ok(json(StatusCode::OK, &node.sandbox(id)?.summary()))
+}
+
+pub(super) async fn release(node: &Node, caller: &Caller, id: &str) -> Result<Response<Body>> {
+    require_sandbox(caller, id)?;
+    node.release(id).await?;
+    let mut resp = Response::new(empty());
+    *resp.status_mut() = StatusCode::NO_CONTENT;
+    Ok(resp)
+}
+
+pub(super) async fn renew(
+    node: &Node,
+    caller: &Caller,
+    id: &str,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
+    let sandbox = target(node, caller, id)?;
+    let body: api::RenewRequest = read_json(req, false).await?;
+    let deadline = node.renew(&sandbox, body.ttl_seconds)?;
+    Ok(json(StatusCode::OK, &api::RenewResponse { deadline }))
+}
+
+pub(super) async fn exec(
+    node: &Node,
+    caller: &Caller,
+    id: &str,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
+    let sandbox = target(node, caller, id)?;
+    let body: api::ExecRequest = read_json(req, false).await?;
+    exec::validate(&body)?;
+    let encoding = body.encoding.unwrap_or_default();
+    let admitted = node.execs.admit()?;
+    let outcome = exec::spawn(node.execs.clone(), admitted, sandbox, body).await;
+    let status = match &outcome {
+        Ok(Ok(_)) => 200,
+        Ok(Err(e)) => super::status_of(e).as_u16(),
+        Err(_) => 500,
+    };
+    node.metrics
+        .execs
+        .get_or_create(&crate::metrics::StatusLabel { status })
+        .inc();
+    let finished = outcome.map_err(|_| Error::Guest("exec task ended without answer".into()))??;
+    let mut resp = Response::new(exec::encode_body(finished, encoding).boxed());
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
+pub(super) async fn agent(
+    node: &Node,
+    caller: &Caller,
+    id: &str,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
+    relay::check_upgrade(&req)?;
+    let sandbox = target(node, caller, id)?;
+    node.metrics.relays.inc();
+    relay::start(&sandbox, req).await
+}

@@ -1,0 +1,518 @@
+//! The configuration file: TOML decoded strictly (unknown keys rejected), defaults, and the
+//! one `validate()` that every other module may then rely on. Runtime state lives elsewhere.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// The whole file.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// `host:port` for TCP or `unix:/path` for a Unix socket.
+    pub listen: String,
+    /// Where sandboxd keeps sandbox directories, golden stamps, pool targets and spills.
+    pub data_dir: PathBuf,
+    /// Root token; without it no caller is root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_token: Option<String>,
+    /// Which engine makes guests.
+    #[serde(default)]
+    pub engine: EngineKind,
+    /// The silkd binary; the `silkd` beside the sandboxd binary when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub silkd_path: Option<PathBuf>,
+    /// Lifetime of a claim that names none.
+    #[serde(default = "default_ttl")]
+    pub default_ttl_seconds: u64,
+    /// Largest lifetime a claim or renew is granted.
+    #[serde(default = "max_ttl")]
+    pub max_ttl_seconds: u64,
+    /// Node-wide limit of claimed sandboxes.
+    #[serde(default = "max_claims")]
+    pub max_claims: u32,
+    /// Template used by a claim that names none; the first pool's when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_template: Option<String>,
+    /// Size used by a claim that names none; the first pool's when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_size: Option<String>,
+    /// Guests started at once by pool refill, across all pools.
+    #[serde(default = "refill_concurrency")]
+    pub refill_concurrency: u32,
+    /// Bound on one guest's start, from spawn to silkd answering `Info`.
+    #[serde(default = "boot_timeout")]
+    pub boot_timeout_seconds: u64,
+    /// Bound on a golden's warmup command.
+    #[serde(default = "warmup_timeout")]
+    pub warmup_timeout_seconds: u64,
+    /// Tenants and their tokens.
+    #[serde(default)]
+    pub tenants: Vec<TenantConfig>,
+    /// Templates by name.
+    #[serde(default)]
+    pub templates: BTreeMap<String, TemplateConfig>,
+    /// Sizes by name.
+    #[serde(default)]
+    pub sizes: BTreeMap<String, SizeConfig>,
+    /// Warm pools.
+    #[serde(default)]
+    pub pools: Vec<PoolConfig>,
+    /// Buffered exec limits.
+    #[serde(default)]
+    pub exec: ExecConfig,
+    /// Options of the `process` engine.
+    #[serde(default)]
+    pub process: ProcessConfig,
+}
+
+/// Which engine makes guests.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngineKind {
+    /// silkd in fresh Linux namespaces (bubblewrap).
+    #[default]
+    Process,
+    /// Real VMs (not in this build).
+    Qemu,
+}
+
+impl EngineKind {
+    /// The name used in config and `/v1/info`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EngineKind::Process => "process",
+            EngineKind::Qemu => "qemu",
+        }
+    }
+}
+
+/// One `[[tenants]]` entry.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantConfig {
+    /// Tenant name, shown in sandbox lists.
+    pub name: String,
+    /// Its bearer token.
+    pub token: String,
+    /// Sandboxes this tenant may hold at once.
+    pub max_claims: u32,
+}
+
+/// One `[templates.NAME]` entry.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateConfig {
+    /// Root filesystem tree (process engine), mounted read-only.
+    pub rootfs: PathBuf,
+}
+
+/// One `[sizes.NAME]` entry.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SizeConfig {
+    /// CPU share (cgroup quota of this many CPUs).
+    pub cpus: u32,
+    /// Memory limit.
+    pub memory_mib: u64,
+    /// Process (and thread) limit.
+    #[serde(default = "max_pids")]
+    pub max_pids: u64,
+}
+
+/// One `[[pools]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolConfig {
+    /// Template name.
+    pub template: String,
+    /// Size name.
+    pub size: String,
+    /// Idle sandboxes to keep ready.
+    #[serde(default)]
+    pub warm: u32,
+    /// Upper bound `PUT /v1/pools` may raise `warm` to.
+    #[serde(default = "warm_max")]
+    pub warm_max: u32,
+    /// Command run once in the golden before it is sealed; config-owned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub warmup: Option<Vec<String>>,
+    /// Boot guests without a balloon device (qemu); config-owned.
+    #[serde(default)]
+    pub no_balloon: bool,
+}
+
+/// `[exec]`: buffered exec limits.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecConfig {
+    /// Per-exec output cap in raw bytes, stdout and stderr together (413 beyond).
+    #[serde(default = "max_output")]
+    pub max_output_bytes: u64,
+    /// Node-wide heap for buffered output; beyond it output spills to unlinked temp files.
+    #[serde(default = "memory_budget")]
+    pub memory_budget_bytes: u64,
+    /// Buffered execs at once (503 + Retry-After beyond).
+    #[serde(default = "max_in_flight")]
+    pub max_in_flight: u32,
+}
+
+impl Default for ExecConfig {
+    fn default() -> Self {
+        ExecConfig {
+            max_output_bytes: max_output(),
+            memory_budget_bytes: memory_budget(),
+            max_in_flight: max_in_flight(),
+        }
+    }
+}
+
+/// `[process]`: options of the process engine.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProcessConfig {
+    /// The bubblewrap binary.
+    #[serde(default = "bwrap")]
+    pub bwrap: PathBuf,
+    /// Where the cgroup hierarchies are mounted.
+    #[serde(default = "cgroup_root")]
+    pub cgroup_root: PathBuf,
+}
+
+impl Default for ProcessConfig {
+    fn default() -> Self {
+        ProcessConfig {
+            bwrap: bwrap(),
+            cgroup_root: cgroup_root(),
+        }
+    }
+}
+
+fn default_ttl() -> u64 {
+    300
+}
+fn max_ttl() -> u64 {
+    86_400
+}
+fn max_claims() -> u32 {
+    64
+}
+fn refill_concurrency() -> u32 {
+    2
+}
+fn boot_timeout() -> u64 {
+    10
+}
+fn warmup_timeout() -> u64 {
+    120
+}
+fn max_pids() -> u64 {
+    512
+}
+fn warm_max() -> u32 {
+    8
+}
+fn max_output() -> u64 {
+    8 * 1024 * 1024
+}
+fn memory_budget() -> u64 {
+    64 * 1024 * 1024
+}
+fn max_in_flight() -> u32 {
+    256
+}
+fn bwrap() -> PathBuf {
+    PathBuf::from("bwrap")
+}
+fn cgroup_root() -> PathBuf {
+    PathBuf::from("/sys/fs/cgroup")
+}
+
+/// Where the daemon listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListenAddr {
+    /// A TCP address.
+    Tcp(std::net::SocketAddr),
+    /// A Unix socket path.
+    Unix(PathBuf),
+}
+
+impl Config {
+    /// Reads, decodes and validates a file.
+    pub fn load(path: &Path) -> Result<Config> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("reading {}: {e}", path.display())))?;
+        Config::parse(&text)
+    }
+
+    /// Decodes and validates TOML text.
+    pub fn parse(text: &str) -> Result<Config> {
+        let config: Config = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks everything other modules rely on. The one place config rules live.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| Err(Error::Config(msg));
+        self.listen_addr()?;
+        if self.data_dir.as_os_str().is_empty() {
+            return bad("data_dir is empty".into());
+        }
+        if self.engine == EngineKind::Qemu {
+            return bad("engine \"qemu\" is not available in this build; use \"process\"".into());
+        }
+        if let Some(token) = &self.api_token {
+            if token.len() < 16 {
+                return bad("api_token must be at least 16 characters".into());
+            }
+        }
+        if self.default_ttl_seconds == 0 || self.max_ttl_seconds == 0 {
+            return bad("default_ttl_seconds and max_ttl_seconds must be positive".into());
+        }
+        if self.default_ttl_seconds > self.max_ttl_seconds {
+            return bad("default_ttl_seconds exceeds max_ttl_seconds".into());
+        }
+        if self.refill_concurrency == 0 || self.boot_timeout_seconds == 0 {
+            return bad("refill_concurrency and boot_timeout_seconds must be positive".into());
+        }
+        if self.warmup_timeout_seconds == 0 {
+            return bad("warmup_timeout_seconds must be positive".into());
+        }
+        let mut names = HashSet::new();
+        let mut tokens: HashSet<&str> = self.api_token.iter().map(String::as_str).collect();
+        for t in &self.tenants {
+            if t.name.is_empty() || !names.insert(t.name.as_str()) {
+                return bad(format!("tenant name {:?} is empty or repeated", t.name));
+            }
+            if t.token.len() < 16 || !tokens.insert(t.token.as_str()) {
+                return bad(format!(
+                    "tenant {:?}: token must be at least 16 characters and unique",
+                    t.name
+                ));
+            }
+        }
+        if self.templates.is_empty() || self.sizes.is_empty() {
+            return bad("at least one template and one size are needed".into());
+        }
+        for name in self.templates.keys().chain(self.sizes.keys()) {
+            // Names become file names (golden stamps) and metric labels.
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return bad(format!(
+                    "template/size name {name:?} must be letters, digits, '-' or '_'"
+                ));
+            }
+        }
+        for (name, t) in &self.templates {
+            if !t.rootfs.is_absolute() {
+                return bad(format!(
+                    "template {name:?}: rootfs must be an absolute path"
+                ));
+            }
+            // The process engine mounts its private /tmp, /run and /home over these.
+            for dir in ["tmp", "run", "home", "proc", "dev"] {
+                if !t.rootfs.join(dir).is_dir() {
+                    return bad(format!(
+                        "template {name:?}: {}/{dir} must exist",
+                        t.rootfs.display()
+                    ));
+                }
+            }
+        }
+        for (name, s) in &self.sizes {
+            if s.cpus == 0 || s.memory_mib == 0 || s.max_pids == 0 {
+                return bad(format!(
+                    "size {name:?}: cpus, memory_mib and max_pids must be positive"
+                ));
+            }
+        }
+        let mut keys = HashSet::new();
+        for p in &self.pools {
+            self.check_pool_key(&p.template, &p.size)?;
+            if !keys.insert((p.template.as_str(), p.size.as_str())) {
+                return bad(format!("pool {}/{} appears twice", p.template, p.size));
+            }
+            if p.warm > p.warm_max {
+                return bad(format!(
+                    "pool {}/{}: warm {} exceeds warm_max {}",
+                    p.template, p.size, p.warm, p.warm_max
+                ));
+            }
+            if let Some(w) = &p.warmup {
+                if w.is_empty() || w[0].is_empty() {
+                    return bad(format!(
+                        "pool {}/{}: warmup argv is empty",
+                        p.template, p.size
+                    ));
+                }
+            }
+        }
+        let (template, size) = self.default_key();
+        if template.is_empty() || size.is_empty() {
+            return bad("no default template/size: set default_template and default_size".into());
+        }
+        self.check_pool_key(&template, &size)?;
+        if self.exec.max_output_bytes == 0
+            || self.exec.memory_budget_bytes == 0
+            || self.exec.max_in_flight == 0
+        {
+            return bad("exec limits must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// Errors unless both names are configured.
+    pub fn check_pool_key(&self, template: &str, size: &str) -> Result<()> {
+        if !self.templates.contains_key(template) {
+            return Err(Error::Config(format!("unknown template {template:?}")));
+        }
+        if !self.sizes.contains_key(size) {
+            return Err(Error::Config(format!("unknown size {size:?}")));
+        }
+        Ok(())
+    }
+
+    /// The (template, size) a claim without names gets.
+    pub fn default_key(&self) -> (String, String) {
+        let first = self.pools.first();
+        fn only<V>(map: &BTreeMap<String, V>) -> Option<String> {
+            (map.len() == 1)
+                .then(|| map.keys().next().cloned())
+                .flatten()
+        }
+        let template = self
+            .default_template
+            .clone()
+            .or_else(|| first.map(|p| p.template.clone()))
+            .or_else(|| only(&self.templates))
+            .unwrap_or_default();
+        let size = self
+            .default_size
+            .clone()
+            .or_else(|| first.map(|p| p.size.clone()))
+            .or_else(|| only(&self.sizes))
+            .unwrap_or_default();
+        (template, size)
+    }
+
+    /// The parsed `listen` value.
+    pub fn listen_addr(&self) -> Result<ListenAddr> {
+        if let Some(path) = self.listen.strip_prefix("unix:") {
+            if !path.starts_with('/') {
+                return Err(Error::Config(format!(
+                    "listen {:?}: unix socket path must be absolute",
+                    self.listen
+                )));
+            }
+            return Ok(ListenAddr::Unix(PathBuf::from(path)));
+        }
+        self.listen
+            .parse()
+            .map(ListenAddr::Tcp)
+            .map_err(|e| Error::Config(format!("listen {:?}: {e}", self.listen)))
+    }
+
+    /// The silkd binary to launch: configured, else the `silkd` beside our own executable.
+    pub fn silkd_path(&self) -> PathBuf {
+        if let Some(p) = &self.silkd_path {
+            return p.clone();
+        }
+        let exe = std::env::current_exe().unwrap_or_default();
+        let dir = exe.parent().unwrap_or(Path::new("."));
+        // Test and example binaries live in target/debug/{deps,examples}; silkd one level up.
+        let beside = dir.join("silkd");
+        if !beside.exists() && matches!(dir.file_name(), Some(n) if n == "deps" || n == "examples")
+        {
+            return dir.parent().unwrap_or(dir).join("silkd");
+        }
+        beside
+    }
+
+    /// The effective config with secrets redacted, for the one startup log line.
+    pub fn redacted(&self) -> String {
+        let mut c = self.clone();
+        if c.api_token.is_some() {
+            c.api_token = Some("<redacted>".into());
+        }
+        for t in &mut c.tenants {
+            t.token = "<redacted>".into();
+        }
+        toml::to_string(&c).unwrap_or_else(|e| format!("<unprintable config: {e}>"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+        listen = "127.0.0.1:0"
+        data_dir = "/tmp/sbx"
+        api_token = "0123456789abcdef-root"
+        [templates.host]
+        rootfs = "/"
+        [sizes.small]
+        cpus = 1
+        memory_mib = 256
+        [[pools]]
+        template = "host"
+        size = "small"
+        warm = 1
+    "#;
+
+    #[test]
+    fn base_parses_with_defaults() {
+        let c = Config::parse(BASE).unwrap();
+        assert_eq!(c.default_ttl_seconds, 300);
+        assert_eq!(c.exec.max_output_bytes, 8 * 1024 * 1024);
+        assert_eq!(c.default_key(), ("host".into(), "small".into()));
+        assert_eq!(c.sizes["small"].max_pids, 512);
+        assert!(c.redacted().contains("<redacted>"));
+        assert!(!c.redacted().contains("0123456789abcdef-root"));
+    }
+
+    #[test]
+    fn unknown_keys_are_rejected() {
+        let err = Config::parse(&format!("{BASE}\nbogus = 1\n")).unwrap_err();
+        assert!(err.to_string().contains("bogus"), "{err}");
+        let text = BASE.replace("cpus = 1", "cpus = 1\ngpus = 2");
+        assert!(Config::parse(&text).is_err());
+    }
+
+    #[test]
+    fn validate_rejects_inconsistent_values() {
+        for (from, to) in [
+            ("warm = 1", "warm = 9"),
+            ("size = \"small\"", "size = \"large\""),
+            ("listen = \"127.0.0.1:0\"", "listen = \"unix:rel/sock\""),
+            ("cpus = 1", "cpus = 0"),
+            ("rootfs = \"/\"", "rootfs = \"/nonexistent\""),
+            (
+                "api_token = \"0123456789abcdef-root\"",
+                "api_token = \"short\"",
+            ),
+        ] {
+            let text = BASE.replace(from, to);
+            assert!(Config::parse(&text).is_err(), "accepted {to}");
+        }
+        let text = format!("{BASE}\nmax_ttl_seconds = 10\n");
+        assert!(Config::parse(&text).is_err());
+    }
+
+    #[test]
+    fn listen_forms() {
+        let mut c = Config::parse(BASE).unwrap();
+        c.listen = "unix:/run/sbx.sock".into();
+        assert_eq!(
+            c.listen_addr().unwrap(),
+            ListenAddr::Unix("/run/sbx.sock".into())
+        );
+    }
+}

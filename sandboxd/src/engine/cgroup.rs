@@ -1,0 +1,251 @@
+//! Per-sandbox cgroups for the process engine: cpu, memory and pids limits, and "kill every
+//! process in this sandbox". v2 where the host runs the unified hierarchy, v1 per controller
+//! otherwise; whatever cannot be applied becomes a plain warning for `/v1/info`.
+
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+
+use crate::config::SizeConfig;
+
+/// Our parent group under each hierarchy.
+const PARENT: &str = "sandboxd";
+const CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
+/// CFS period; the quota is `cpus` times this.
+const CPU_PERIOD_US: u64 = 100_000;
+
+/// Where each controller lives on this host, found once at engine start.
+#[derive(Debug, Clone)]
+pub struct Cgroups {
+    /// (controller, our parent directory, hierarchy version).
+    places: Vec<(&'static str, PathBuf, Version)>,
+    warnings: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Version {
+    V1,
+    V2,
+}
+
+/// One sandbox's groups (one directory per v1 controller, or one v2 directory).
+#[derive(Debug)]
+pub struct Cgroup {
+    dirs: Vec<PathBuf>,
+}
+
+impl Cgroups {
+    /// Finds the hierarchies under `root` and creates our parent groups in them.
+    pub fn probe(root: &Path) -> Cgroups {
+        let mut places = Vec::new();
+        let mut warnings = Vec::new();
+        let unified = root.join("cgroup.controllers");
+        if let Ok(available) = fs::read_to_string(&unified) {
+            let parent = root.join(PARENT);
+            let enabled = fs::create_dir_all(&parent).and_then(|()| {
+                let wanted: Vec<String> = CONTROLLERS
+                    .iter()
+                    .filter(|c| available.split_whitespace().any(|a| a == **c))
+                    .map(|c| format!("+{c}"))
+                    .collect();
+                // Controllers must be enabled at every level down to our groups.
+                for dir in [root, parent.as_path()] {
+                    fs::write(dir.join("cgroup.subtree_control"), wanted.join(" "))?;
+                }
+                fs::read_to_string(parent.join("cgroup.subtree_control"))
+            });
+            match enabled {
+                Ok(on) => {
+                    for c in CONTROLLERS {
+                        if on.split_whitespace().any(|a| a == c) {
+                            places.push((c, parent.clone(), Version::V2));
+                        } else {
+                            warnings.push(format!(
+                                "no {c} limit: the cgroup v2 {c} controller is not available"
+                            ));
+                        }
+                    }
+                }
+                Err(e) => warnings.push(format!(
+                    "no cpu, memory or pids limits: cannot set up cgroup v2 group {}: {e}",
+                    parent.display()
+                )),
+            }
+            return Cgroups { places, warnings };
+        }
+        for c in CONTROLLERS {
+            let mount = root.join(c);
+            if !mount.join("cgroup.procs").exists() {
+                warnings.push(format!(
+                    "no {c} limit: no cgroup v1 {c} hierarchy at {}",
+                    mount.display()
+                ));
+                continue;
+            }
+            let parent = mount.join(PARENT);
+            match fs::create_dir_all(&parent) {
+                Ok(()) => places.push((c, parent, Version::V1)),
+                Err(e) => warnings.push(format!(
+                    "no {c} limit: cannot create {}: {e}",
+                    parent.display()
+                )),
+            }
+        }
+        Cgroups { places, warnings }
+    }
+
+    /// Limits this host cannot apply, said plainly.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// Creates the groups for one sandbox with `size`'s limits. Returns the groups and
+    /// their `cgroup.procs` files opened for writing, so the launcher can move its child in
+    /// before exec (writing "0" moves the writer).
+    pub fn create(&self, id: &str, size: &SizeConfig) -> std::io::Result<(Cgroup, Vec<File>)> {
+        let mut group = Cgroup { dirs: Vec::new() };
+        let mut procs = Vec::new();
+        for (controller, parent, version) in &self.places {
+            let dir = parent.join(id);
+            if !group.dirs.contains(&dir) {
+                fs::create_dir(&dir)?;
+                group.dirs.push(dir.clone());
+                procs.push(
+                    OpenOptions::new()
+                        .write(true)
+                        .open(dir.join("cgroup.procs"))?,
+                );
+            }
+            for (file, value) in limit_files(controller, *version, size) {
+                fs::write(dir.join(file), value)?;
+            }
+        }
+        Ok((group, procs))
+    }
+
+    /// Kills and removes groups left by an earlier run (crash, SIGKILL).
+    pub fn remove_stale(&self) {
+        for (_, parent, _) in &self.places {
+            let Ok(entries) = fs::read_dir(parent) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                if entry.path().is_dir() {
+                    let stale = Cgroup {
+                        dirs: vec![entry.path()],
+                    };
+                    stale.kill_all();
+                    stale.remove();
+                }
+            }
+        }
+    }
+}
+
+fn limit_files(
+    controller: &str,
+    version: Version,
+    size: &SizeConfig,
+) -> Vec<(&'static str, String)> {
+    let memory = size.memory_mib * 1024 * 1024;
+    let quota = u64::from(size.cpus) * CPU_PERIOD_US;
+    match (controller, version) {
+        ("memory", Version::V1) => vec![("memory.limit_in_bytes", memory.to_string())],
+        ("memory", Version::V2) => vec![("memory.max", memory.to_string())],
+        ("cpu", Version::V1) => vec![
+            ("cpu.cfs_period_us", CPU_PERIOD_US.to_string()),
+            ("cpu.cfs_quota_us", quota.to_string()),
+        ],
+        ("cpu", Version::V2) => vec![("cpu.max", format!("{quota} {CPU_PERIOD_US}"))],
+        ("pids", _) => vec![("pids.max", size.max_pids.to_string())],
+        _ => Vec::new(),
+    }
+}
+
+impl Cgroup {
+    /// Pids currently in any of the groups.
+    pub fn pids(&self) -> Vec<i32> {
+        let mut pids = Vec::new();
+        for dir in &self.dirs {
+            if let Ok(text) = fs::read_to_string(dir.join("cgroup.procs")) {
+                pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            }
+        }
+        pids.sort_unstable();
+        pids.dedup();
+        pids
+    }
+
+    /// SIGKILLs every process in the groups.
+    pub fn kill_all(&self) {
+        for dir in &self.dirs {
+            // cgroup v2 (5.14+) kills the whole subtree atomically, forks included.
+            if let Ok(mut f) = OpenOptions::new().write(true).open(dir.join("cgroup.kill")) {
+                let _ = f.write_all(b"1");
+            }
+        }
+        for pid in self.pids() {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
+    }
+
+    /// Removes the groups, waiting briefly for dying processes to leave them.
+    pub fn remove(&self) {
+        for _ in 0..200 {
+            if self.pids().is_empty() {
+                break;
+            }
+            self.kill_all();
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        for dir in &self.dirs {
+            if let Err(e) = fs::remove_dir(dir) {
+                if e.kind() != std::io::ErrorKind::NotFound {
+                    tracing::warn!(dir = %dir.display(), "cannot remove cgroup: {e}");
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn size() -> SizeConfig {
+        SizeConfig {
+            cpus: 2,
+            memory_mib: 256,
+            max_pids: 64,
+        }
+    }
+
+    #[test]
+    fn limits_per_version() {
+        let v1 = limit_files("cpu", Version::V1, &size());
+        assert_eq!(v1[1], ("cpu.cfs_quota_us", "200000".into()));
+        let v2 = limit_files("cpu", Version::V2, &size());
+        assert_eq!(v2, vec![("cpu.max", "200000 100000".into())]);
+        assert_eq!(
+            limit_files("memory", Version::V2, &size()),
+            vec![("memory.max", (256u64 << 20).to_string())]
+        );
+        assert_eq!(
+            limit_files("pids", Version::V1, &size()),
+            vec![("pids.max", "64".into())]
+        );
+    }
+
+    #[test]
+    fn missing_hierarchies_become_warnings() {
+        let root = tempfile::tempdir().unwrap();
+        let found = Cgroups::probe(root.path());
+        assert!(found.places.is_empty());
+        assert_eq!(found.warnings().len(), 3, "{:?}", found.warnings());
+        assert!(found.warnings()[1].contains("memory"));
+    }
+}

@@ -1,0 +1,81 @@
+//! Engines turn a template + size into running guests and give sandboxd fresh byte streams
+//! to their silkd. This module is the contract; it knows nothing of HTTP, claims or pools.
+//!
+//! An engine provides:
+//! - golden hooks: `golden_inputs` (what its golden depends on, hashed into the stamp by
+//!   the pool layer), `golden_present`, `boot_golden` and `seal_golden` (the pool layer
+//!   runs the warmup between the two, through the guest channel);
+//! - `start`: a new guest, cloned from the sealed golden when there is one, else booted
+//!   cold; it returns once the guest's channel accepts connections;
+//! - per guest: `dial` a fresh stream to silkd, `destroy` (idempotent, kills everything).
+//!
+//! The `qemu` engine (next issue) plugs in here: `boot_golden` boots with a shared memory
+//! file, `seal_golden` saves it with `x-ignore-shared`, `start` restores a clone and
+//! reseeds it, `dial` opens a yamux stream over the virtio-serial port.
+
+pub mod cgroup;
+pub mod process;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::config::{SizeConfig, TemplateConfig};
+use crate::error::Result;
+
+/// A byte stream to one silkd connection. Shutting down its write half is a half-close.
+pub trait GuestIo: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> GuestIo for T {}
+
+/// A boxed [`GuestIo`].
+pub type GuestStream = Box<dyn GuestIo>;
+
+/// Everything an engine needs to make a guest for one pool key.
+#[derive(Debug, Clone)]
+pub struct GuestSpec {
+    /// Template name.
+    pub template: String,
+    /// Size name.
+    pub size: String,
+    /// The template's settings.
+    pub template_config: TemplateConfig,
+    /// The size's settings.
+    pub size_config: SizeConfig,
+    /// Whether the guest boots without a balloon device (qemu).
+    pub no_balloon: bool,
+    /// Directory the engine may keep this key's golden artifacts in.
+    pub golden_dir: PathBuf,
+}
+
+/// One running guest.
+pub trait Guest: Send + Sync + 'static {
+    /// Engine-assigned id, for logs.
+    fn id(&self) -> &str;
+    /// Opens a fresh byte stream to silkd.
+    fn dial(&self) -> BoxFuture<'_, Result<GuestStream>>;
+    /// Kills the guest and everything in it, and frees its resources. Idempotent; safe to
+    /// call while other tasks still hold streams (they see EOF).
+    fn destroy(&self) -> BoxFuture<'_, ()>;
+}
+
+/// A guest-making backend.
+pub trait Engine: Send + Sync + 'static {
+    /// Name and facts for `/v1/info`, including limits it cannot apply on this host.
+    fn info(&self) -> api::EngineInfo;
+    /// Engine-specific inputs of a golden (image digest, options), hashed into its stamp.
+    fn golden_inputs(&self, spec: &GuestSpec) -> Result<String>;
+    /// True when the golden's artifacts exist, so a matching stamp can be trusted.
+    fn golden_present(&self, spec: &GuestSpec) -> bool;
+    /// Boots the guest the golden is made from.
+    fn boot_golden<'a>(&'a self, spec: &'a GuestSpec) -> BoxFuture<'a, Result<Arc<dyn Guest>>>;
+    /// Turns the warmed-up golden guest into the golden (snapshot); the guest is consumed.
+    fn seal_golden<'a>(
+        &'a self,
+        spec: &'a GuestSpec,
+        guest: Arc<dyn Guest>,
+    ) -> BoxFuture<'a, Result<()>>;
+    /// Starts a guest for `spec`, from its golden when sealed, else cold.
+    fn start<'a>(&'a self, spec: &'a GuestSpec) -> BoxFuture<'a, Result<Arc<dyn Guest>>>;
+}

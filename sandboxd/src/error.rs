@@ -1,0 +1,91 @@
+//! The crate's one error enum. Each variant names an outcome a caller can act on; the
+//! single mapping to an HTTP status lives in `api::status_of`, nowhere else.
+
+use std::io;
+
+/// Everything sandboxd can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The configuration file is unreadable or invalid.
+    #[error("config: {0}")]
+    Config(String),
+    /// No bearer token, or one nobody issued.
+    #[error("missing or unknown token")]
+    Unauthorized,
+    /// A valid token that may not call this route.
+    #[error("this token may not call this route")]
+    Forbidden,
+    /// Unknown route, unknown sandbox, or a sandbox token that is not this sandbox's.
+    #[error("not found")]
+    NotFound,
+    /// The route exists but not with this method.
+    #[error("method not allowed")]
+    MethodNotAllowed,
+    /// The caller's request is malformed or names something unknown.
+    #[error("{0}")]
+    BadRequest(String),
+    /// The request body is over the 1 MiB cap.
+    #[error("request body over {limit} bytes")]
+    BodyTooLarge {
+        /// The cap.
+        limit: usize,
+    },
+    /// A buffered exec produced more output than allowed; the command was killed.
+    #[error("output exceeded max_output_bytes ({limit} bytes); the command was killed")]
+    OutputTooLarge {
+        /// The cap.
+        limit: u64,
+    },
+    /// The relay was asked for without `Upgrade: silkd`.
+    #[error("this route needs `Upgrade: silkd`")]
+    UpgradeRequired,
+    /// Node or tenant `max_claims` reached.
+    #[error("{0}")]
+    TooManyClaims(String),
+    /// Temporarily out of capacity; retry after the given number of seconds.
+    #[error("{reason}")]
+    Busy {
+        /// What is exhausted.
+        reason: String,
+        /// Seconds for `Retry-After`.
+        retry_after: u32,
+    },
+    /// A buffered exec ran past its `timeout_seconds`; the command was killed.
+    #[error("command timed out after {seconds} s; it was killed")]
+    Timeout {
+        /// The timeout that expired.
+        seconds: f64,
+    },
+    /// The guest could not be reached, or answered something it should not have.
+    #[error("guest: {0}")]
+    Guest(String),
+    /// A frame could not be read or written on the guest channel.
+    #[error("guest channel: {0}")]
+    Wire(#[from] wire::Error),
+    /// The engine failed to create, boot or destroy a guest.
+    #[error("engine: {0}")]
+    Engine(String),
+    /// A host I/O operation failed.
+    #[error("{context}: {source}")]
+    Io {
+        /// What we were doing.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: io::Error,
+    },
+    /// The daemon is shutting down.
+    #[error("shutting down")]
+    ShuttingDown,
+}
+
+/// Shorthand used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Wraps an I/O error with what we were doing.
+    pub fn io(context: impl Into<String>) -> impl FnOnce(io::Error) -> Error {
+        let context = context.into();
+        move |source| Error::Io { context, source }
+    }
+}

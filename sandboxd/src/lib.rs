@@ -1,0 +1,166 @@
+//! sandboxd: the host daemon that hands out sandboxes (silkd guests) over HTTP.
+//!
+//! # Layout
+//! - [`config`]: the TOML file, strict, and its one `validate()`.
+//! - [`api`]: route table, dispatch, errors → status in one place; handlers per resource.
+//! - [`auth`]: root, tenant and sandbox tokens; who may call what.
+//! - [`node`]: shared state and the lifecycle (claim, release, TTL reaper, shutdown).
+//! - [`claims`]: the registry of claimed sandboxes, limits, deadlines.
+//! - [`pool`]: warm pools, goldens and their stamps, refill, persisted targets.
+//! - [`exec`]: buffered exec: admission, bounded collection, kill on give-up, body encoder.
+//! - [`relay`]: the `Upgrade: silkd` byte relay.
+//! - [`guest`]: RPCs sandboxd makes to silkd itself (Info, Kill, warmup).
+//! - [`engine`]: the engine trait and the `process` engine (bubblewrap + cgroups).
+//! - [`metrics`]: Prometheus metrics.
+//!
+//! [`run`] takes a bound [`Listener`], so tests start the daemon in-process on port 0.
+#![deny(missing_docs)]
+
+pub mod api;
+pub mod auth;
+pub mod claims;
+pub mod config;
+pub mod engine;
+pub mod error;
+pub mod exec;
+pub mod guest;
+pub mod metrics;
+pub mod node;
+pub mod pool;
+pub mod relay;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+
+pub use config::Config;
+pub use error::{Error, Result};
+
+use config::ListenAddr;
+use node::Node;
+
+/// How long open connections get to finish after shutdown began and every sandbox died.
+const DRAIN: Duration = Duration::from_secs(2);
+
+/// A bound listening socket.
+pub enum Listener {
+    /// TCP.
+    Tcp(TcpListener),
+    /// A Unix socket.
+    Unix(UnixListener),
+}
+
+impl Listener {
+    /// Binds `config.listen`; a stale Unix socket file is replaced.
+    pub async fn bind(config: &Config) -> Result<Listener> {
+        match config.listen_addr()? {
+            ListenAddr::Tcp(addr) => TcpListener::bind(addr)
+                .await
+                .map(Listener::Tcp)
+                .map_err(Error::io(format!("binding {addr}"))),
+            ListenAddr::Unix(path) => {
+                let _ = std::fs::remove_file(&path);
+                UnixListener::bind(&path)
+                    .map(Listener::Unix)
+                    .map_err(Error::io(format!("binding {}", path.display())))
+            }
+        }
+    }
+
+    /// Where it listens, as `host:port` or `unix:/path`.
+    pub fn describe(&self) -> String {
+        match self {
+            Listener::Tcp(l) => l
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|e| format!("<tcp: {e}>")),
+            Listener::Unix(l) => l
+                .local_addr()
+                .ok()
+                .and_then(|a| a.as_pathname().map(|p| format!("unix:{}", p.display())))
+                .unwrap_or_else(|| "unix:<unnamed>".into()),
+        }
+    }
+}
+
+/// Serves the API on `listener` until `shutdown` resolves, then destroys every sandbox
+/// (idle and claimed) and returns once no guest process is left.
+pub async fn run(
+    listener: Listener,
+    config: Config,
+    shutdown: impl Future<Output = ()>,
+) -> Result<()> {
+    config.validate()?;
+    let node = Node::start(config)?;
+    tracing::info!(listen = %listener.describe(), "sandboxd serving");
+    let mut connections = tokio::task::JoinSet::new();
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = accept(&listener) => accepted,
+        };
+        match accepted {
+            Ok(io) => {
+                let node = node.clone();
+                connections.spawn(serve(node, io));
+            }
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+        // Reap finished connection tasks so the set does not grow.
+        while connections.try_join_next().is_some() {}
+    }
+    tracing::info!("shutting down: destroying every sandbox");
+    node.shutdown().await;
+    let _ = tokio::time::timeout(DRAIN, async {
+        while connections.join_next().await.is_some() {}
+    })
+    .await;
+    connections.shutdown().await;
+    if let Listener::Unix(l) = &listener {
+        if let Some(path) = l
+            .local_addr()
+            .ok()
+            .and_then(|a| a.as_pathname().map(Into::into))
+        {
+            let _: std::path::PathBuf = path;
+            let _ = std::fs::remove_file(&path);
+        }
+    }
+    tracing::info!("sandboxd stopped");
+    Ok(())
+}
+
+trait Conn: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Conn for T {}
+
+async fn accept(listener: &Listener) -> std::io::Result<Box<dyn Conn>> {
+    Ok(match listener {
+        Listener::Tcp(l) => {
+            let (s, _) = l.accept().await?;
+            let _ = s.set_nodelay(true);
+            Box::new(s)
+        }
+        Listener::Unix(l) => Box::new(l.accept().await?.0),
+    })
+}
+
+async fn serve(node: Arc<Node>, io: Box<dyn Conn>) {
+    let service = service_fn(move |req| api::handle(node.clone(), req));
+    if let Err(e) = http1::Builder::new()
+        .serve_connection(TokioIo::new(io), service)
+        .with_upgrades()
+        .await
+    {
+        tracing::debug!("connection ended: {e}");
+    }
+}

@@ -1,0 +1,140 @@
+//! Prometheus metrics (prometheus-client): one registry, the handles other modules bump,
+//! and the text encoding served at `GET /metrics`.
+
+use prometheus_client::encoding::{text::encode, EncodeLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// Label set naming where a claimed sandbox came from.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    /// `warm` or `on_demand`.
+    pub source: &'static str,
+}
+
+/// Label set of an HTTP status.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabel {
+    /// Numeric status.
+    pub status: u16,
+}
+
+/// Label set of a pool.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabel {
+    /// `template/size`.
+    pub pool: String,
+}
+
+/// Every metric sandboxd exports.
+pub struct Metrics {
+    registry: Registry,
+    /// Claims served, by source.
+    pub claims: Family<SourceLabel, Counter>,
+    /// Server time of a claim, by source.
+    pub claim_seconds: Family<SourceLabel, Histogram, fn() -> Histogram>,
+    /// Claimed sandboxes now.
+    pub sandboxes: Gauge,
+    /// Sandboxes destroyed by the TTL reaper.
+    pub expired: Counter,
+    /// Buffered execs answered, by status.
+    pub execs: Family<StatusLabel, Counter>,
+    /// Buffered execs in flight.
+    pub exec_in_flight: Gauge,
+    /// Bytes of buffered output held in memory now (bounded by `memory_budget_bytes`).
+    pub exec_buffered_bytes: Gauge,
+    /// Raw output bytes that went to spill files.
+    pub exec_spilled_bytes: Counter,
+    /// Idle sandboxes per pool.
+    pub pool_warm: Family<PoolLabel, Gauge>,
+    /// Golden builds per pool (successful or not).
+    pub golden_builds: Family<PoolLabel, Counter>,
+    /// Relays opened.
+    pub relays: Counter,
+}
+
+impl Metrics {
+    /// Registers every metric.
+    pub fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("sandboxd");
+        let claims = Family::<SourceLabel, Counter>::default();
+        registry.register("claims", "Claims served", claims.clone());
+        let claim_seconds = Family::<SourceLabel, Histogram>::new_with_constructor(
+            (|| Histogram::new(exponential_buckets(0.000_05, 2.0, 18))) as fn() -> Histogram,
+        );
+        registry.register(
+            "claim_seconds",
+            "Server time of a claim",
+            claim_seconds.clone(),
+        );
+        let sandboxes = Gauge::default();
+        registry.register("sandboxes", "Claimed sandboxes", sandboxes.clone());
+        let expired = Counter::default();
+        registry.register(
+            "expired",
+            "Sandboxes destroyed at their deadline",
+            expired.clone(),
+        );
+        let execs = Family::<StatusLabel, Counter>::default();
+        registry.register("execs", "Buffered execs answered", execs.clone());
+        let exec_in_flight = Gauge::default();
+        registry.register(
+            "exec_in_flight",
+            "Buffered execs in flight",
+            exec_in_flight.clone(),
+        );
+        let exec_buffered_bytes = Gauge::default();
+        registry.register(
+            "exec_buffered_bytes",
+            "Buffered exec output held in memory",
+            exec_buffered_bytes.clone(),
+        );
+        let exec_spilled_bytes = Counter::default();
+        registry.register(
+            "exec_spilled_bytes",
+            "Buffered exec output written to spill files",
+            exec_spilled_bytes.clone(),
+        );
+        let pool_warm = Family::<PoolLabel, Gauge>::default();
+        registry.register("pool_warm", "Idle sandboxes per pool", pool_warm.clone());
+        let golden_builds = Family::<PoolLabel, Counter>::default();
+        registry.register(
+            "golden_builds",
+            "Golden builds per pool",
+            golden_builds.clone(),
+        );
+        let relays = Counter::default();
+        registry.register("relays", "Relays opened", relays.clone());
+        Metrics {
+            registry,
+            claims,
+            claim_seconds,
+            sandboxes,
+            expired,
+            execs,
+            exec_in_flight,
+            exec_buffered_bytes,
+            exec_spilled_bytes,
+            pool_warm,
+            golden_builds,
+            relays,
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing into a String cannot fail.
+        let _ = encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Metrics::new()
+    }
+}
