@@ -12,8 +12,9 @@ use nix::unistd::Pid;
 
 use crate::config::SizeConfig;
 
-/// Our parent group under each hierarchy.
-const PARENT: &str = "sandboxd";
+/// Our top group under each hierarchy; each daemon (data_dir) gets its own group below it,
+/// so cleaning up after a crash never touches another daemon's sandboxes.
+const TOP: &str = "sandboxd";
 const CONTROLLERS: [&str; 3] = ["cpu", "memory", "pids"];
 /// CFS period; the quota is `cpus` times this.
 const CPU_PERIOD_US: u64 = 100_000;
@@ -39,13 +40,14 @@ pub struct Cgroup {
 }
 
 impl Cgroups {
-    /// Finds the hierarchies under `root` and creates our parent groups in them.
-    pub fn probe(root: &Path) -> Cgroups {
+    /// Finds the hierarchies under `root` and creates this daemon's parent groups
+    /// (`sandboxd/INSTANCE`) in them.
+    pub fn probe(root: &Path, instance: &str) -> Cgroups {
         let mut places = Vec::new();
         let mut warnings = Vec::new();
         let unified = root.join("cgroup.controllers");
         if let Ok(available) = fs::read_to_string(&unified) {
-            let parent = root.join(PARENT);
+            let parent = root.join(TOP).join(instance);
             let enabled = fs::create_dir_all(&parent).and_then(|()| {
                 let wanted: Vec<String> = CONTROLLERS
                     .iter()
@@ -53,7 +55,7 @@ impl Cgroups {
                     .map(|c| format!("+{c}"))
                     .collect();
                 // Controllers must be enabled at every level down to our groups.
-                for dir in [root, parent.as_path()] {
+                for dir in [root, root.join(TOP).as_path(), parent.as_path()] {
                     fs::write(dir.join("cgroup.subtree_control"), wanted.join(" "))?;
                 }
                 fs::read_to_string(parent.join("cgroup.subtree_control"))
@@ -86,7 +88,7 @@ impl Cgroups {
                 ));
                 continue;
             }
-            let parent = mount.join(PARENT);
+            let parent = mount.join(TOP).join(instance);
             match fs::create_dir_all(&parent) {
                 Ok(()) => places.push((c, parent, Version::V1)),
                 Err(e) => warnings.push(format!(
@@ -243,7 +245,7 @@ mod tests {
     #[test]
     fn missing_hierarchies_become_warnings() {
         let root = tempfile::tempdir().unwrap();
-        let found = Cgroups::probe(root.path());
+        let found = Cgroups::probe(root.path(), "test");
         assert!(found.places.is_empty());
         assert_eq!(found.warnings().len(), 3, "{:?}", found.warnings());
         assert!(found.warnings()[1].contains("memory"));

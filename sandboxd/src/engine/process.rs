@@ -17,6 +17,7 @@ use futures::future::BoxFuture;
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use rand::RngCore;
+use sha2::Digest;
 use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
@@ -61,7 +62,9 @@ impl ProcessEngine {
             )));
         }
         let sandboxes_dir = data_dir.join("sandboxes");
-        let cgroups = Cgroups::probe(cgroup_root);
+        // One cgroup group per data_dir: stale-group cleanup stays within this daemon's.
+        let instance = hex::encode(&sha2::Sha256::digest(data_dir.as_os_str().as_encoded_bytes())[..6]);
+        let cgroups = Cgroups::probe(cgroup_root, &instance);
         cgroups.remove_stale();
         if sandboxes_dir.exists() {
             std::fs::remove_dir_all(&sandboxes_dir)

@@ -1,0 +1,281 @@
+//! Buffered exec against a real sandboxd, real silkd and real bubblewrap: exact bytes,
+//! encodings, every status of DESIGN section 5, and that no give-up leaves a process.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use common::{assert_gone, marker, wait_running, Daemon, Setup, ROOT};
+use serde_json::json;
+use tokio::io::AsyncWriteExt;
+
+fn b64(v: &serde_json::Value) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD
+        .decode(v.as_str().expect("a base64 string"))
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_bytes_encodings_and_spill() {
+    // A 4 KiB node budget: most of the larger outputs below spill to the temp file.
+    let d = Daemon::start(Setup {
+        memory_budget_bytes: 4096,
+        ..Setup::default()
+    })
+    .await;
+    let (id, token) = d.claim().await;
+
+    // Non-UTF-8 bytes come back byte-identical through stdout_b64.
+    let r = d
+        .exec(&id, &token, json!({"argv": ["head", "-c", "64", "/bin/ls"]}))
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    let expected = &std::fs::read("/bin/ls").unwrap()[..64];
+    assert_eq!(b64(&v["stdout_b64"]), expected);
+    assert!(v.get("stdout").is_none(), "{v}");
+    assert_eq!(v["stderr"], "");
+    assert_eq!(v["exit_code"], 0);
+
+    // Valid UTF-8 is a plain string; stderr and exit code are kept apart.
+    let r = d
+        .exec(
+            &id,
+            &token,
+            json!({"argv": ["sh", "-c", "printf 'h\u{e9}llo \"q\"\\n'; echo oops >&2; exit 7"],
+                   "env": {"X": "1"}, "cwd": "/tmp"}),
+        )
+        .await;
+    let v = r.json();
+    assert_eq!(v["stdout"], "h\u{e9}llo \"q\"\n");
+    assert_eq!(v["stderr"], "oops\n");
+    assert_eq!(v["exit_code"], 7);
+
+    // encoding: base64 forces the _b64 fields even for text.
+    let r = d
+        .exec(
+            &id,
+            &token,
+            json!({"argv": ["echo", "text"], "encoding": "base64"}),
+        )
+        .await;
+    let v = r.json();
+    assert_eq!(b64(&v["stdout_b64"]), b"text\n");
+    assert_eq!(b64(&v["stderr_b64"]), b"");
+    assert!(v.get("stdout").is_none());
+
+    // 60 000 bytes of every byte value: larger than the budget, so it spills; still exact.
+    let script = "i=0; while [ $i -lt 235 ]; do cat /tmp/all; i=$((i+1)); done";
+    let prep = "printf \"$(printf '\\\\%03o' $(seq 0 255))\" > /tmp/all";
+    let r = d
+        .exec(
+            &id,
+            &token,
+            json!({"argv": ["sh", "-c", format!("{prep}; {script}")]}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let got = b64(&r.json()["stdout_b64"]);
+    let one: Vec<u8> = (0..=255u8).collect();
+    assert_eq!(got.len(), 256 * 235);
+    assert!(got.chunks(256).all(|c| c == one.as_slice()));
+
+    // A signal ends the command: exit_code null, signal set.
+    let r = d
+        .exec(&id, &token, json!({"argv": ["sh", "-c", "kill -9 $$"]}))
+        .await;
+    let v = r.json();
+    assert_eq!(v["exit_code"], serde_json::Value::Null, "{v}");
+    assert_eq!(v["signal"], 9);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_answer_400_and_413() {
+    let d = Daemon::start(Setup::default()).await;
+    let (id, token) = d.claim().await;
+    for body in [
+        json!({"argv": []}),
+        json!({"argv": ["true"], "timeout_seconds": -1}),
+        json!({"argv": ["true"], "timeout_seconds": 0}),
+        json!({"argv": ["true"], "bogus": 1}),
+        json!({"argv": ["true"], "encoding": "latin1"}),
+        json!({"argv": ["/nonexistent/command"]}),
+        json!({"argv": ["true"], "cwd": "/nonexistent-dir"}),
+    ] {
+        let r = d.exec(&id, &token, body.clone()).await;
+        assert_eq!(r.status, 400, "{body} → {}", r.text());
+        assert!(r.json()["error"].is_string());
+    }
+    let r = d
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(&token),
+            Some("not json"),
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    // Request bodies are capped at 1 MiB.
+    let huge = json!({"argv": ["echo", "x".repeat(1024 * 1024)]}).to_string();
+    let r = d
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            Some(&token),
+            Some(&huge),
+        )
+        .await;
+    assert_eq!(r.status, 413, "{}", r.text());
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_cap_is_exact_and_kills() {
+    let cap = 64 * 1024;
+    let d = Daemon::start(Setup {
+        max_output_bytes: cap,
+        ..Setup::default()
+    })
+    .await;
+    let (id, token) = d.claim().await;
+    let r = d
+        .exec(
+            &id,
+            &token,
+            json!({"argv": ["head", "-c", cap.to_string(), "/dev/zero"], "encoding": "base64"}),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(b64(&r.json()["stdout_b64"]).len() as u64, cap);
+
+    // One byte more (split across stdout and stderr, which count together) → 413, and the
+    // command that would have slept on is gone.
+    let m = marker(1);
+    let script = format!(
+        "head -c {} /dev/zero; head -c 1 /dev/zero >&2; sleep {m}",
+        cap
+    );
+    let r = d
+        .exec(&id, &token, json!({"argv": ["sh", "-c", script]}))
+        .await;
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert_gone(&m).await;
+
+    // Escaping does not count: 60 KiB of 0x01 is 360 KiB of JSON and still fits.
+    let r = d
+        .exec(
+            &id,
+            &token,
+            json!({"argv": ["sh", "-c", "head -c 61440 /dev/zero | tr '\\0' '\\1'"]}),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["stdout"].as_str().unwrap().len(), 61440);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_answers_504_and_kills() {
+    let d = Daemon::start(Setup::default()).await;
+    let (id, token) = d.claim().await;
+    let m = marker(2);
+    let started = Instant::now();
+    let r = d
+        .exec(
+            &id,
+            &token,
+            json!({"argv": ["sh", "-c", format!("sleep {m} & sleep {m}")], "timeout_seconds": 1}),
+        )
+        .await;
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert!(started.elapsed() < Duration::from_secs(4));
+    assert_gone(&m).await;
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_hanging_up_leaves_no_process() {
+    let d = Daemon::start(Setup::default()).await;
+    let (id, token) = d.claim().await;
+    let m = marker(3);
+    let body = json!({"argv": ["sleep", m]}).to_string();
+    let mut stream = tokio::net::TcpStream::connect(d.addr).await.unwrap();
+    let req = format!(
+        "POST /v1/sandboxes/{id}/exec HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(req.as_bytes()).await.unwrap();
+    wait_running(&m).await;
+    drop(stream);
+    assert_gone(&m).await;
+    // The sandbox itself is fine afterwards.
+    let r = d.exec(&id, &token, json!({"argv": ["true"]})).await;
+    assert_eq!(r.status, 200);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_flight_limit_answers_503_with_retry_after() {
+    let d = Daemon::start(Setup {
+        max_in_flight: 1,
+        ..Setup::default()
+    })
+    .await;
+    let (id, token) = d.claim().await;
+    let m = marker(4);
+    let addr = d.addr;
+    let (id2, token2) = (id.clone(), token.clone());
+    let slow = tokio::spawn(async move {
+        let body = json!({"argv": ["sh", "-c", format!("sleep 1.5; : {m}")]}).to_string();
+        common::call(
+            addr,
+            "POST",
+            &format!("/v1/sandboxes/{id2}/exec"),
+            Some(&token2),
+            Some(&body),
+        )
+        .await
+    });
+    wait_running(&marker(4)).await;
+    let r = d.exec(&id, &token, json!({"argv": ["true"]})).await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.headers["retry-after"], "1");
+    assert_eq!(slow.await.unwrap().status, 200);
+    let r = d.exec(&id, &token, json!({"argv": ["true"]})).await;
+    assert_eq!(r.status, 200);
+    d.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_guest_answers_502() {
+    let d = Daemon::start(Setup::default()).await;
+    let (id, token) = d.claim().await;
+    // Kill silkd from inside: the exec's own connection breaks mid-command.
+    let r = d
+        .exec(
+            &id,
+            &token,
+            json!({"argv": ["sh", "-c", "kill -9 $PPID; sleep 5"]}),
+        )
+        .await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    let r = d.exec(&id, &token, json!({"argv": ["true"]})).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    let r = d
+        .call("GET", &format!("/v1/sandboxes/{id}"), Some(ROOT), None)
+        .await;
+    assert_eq!(r.json()["state"], "failed", "{}", r.text());
+    let r = d
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/release"),
+            Some(&token),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 204);
+    d.stop().await;
+}
