@@ -67,6 +67,9 @@ pub struct Config {
     /// Options of the `process` engine.
     #[serde(default)]
     pub process: ProcessConfig,
+    /// Options of the `qemu` engine.
+    #[serde(default)]
+    pub qemu: QemuConfig,
 }
 
 /// Which engine makes guests.
@@ -76,7 +79,7 @@ pub enum EngineKind {
     /// silkd in fresh Linux namespaces (bubblewrap).
     #[default]
     Process,
-    /// Real VMs (not in this build).
+    /// Real VMs under QEMU.
     Qemu,
 }
 
@@ -106,8 +109,15 @@ pub struct TenantConfig {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TemplateConfig {
-    /// Root filesystem tree (process engine), mounted read-only.
+    /// Root filesystem tree (process engine), mounted read-only. When absent it is the
+    /// image's `rootfs/`.
+    #[serde(default)]
     pub rootfs: PathBuf,
+    /// Guest image directory built by `cargo xtask image` (`vmlinuz`,
+    /// `initramfs.cpio.gz`, `manifest.json`, `rootfs/`); needed by the qemu engine.
+    /// A relative path is taken from the daemon's working directory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<PathBuf>,
 }
 
 /// One `[sizes.NAME]` entry.
@@ -231,6 +241,68 @@ fn cgroup_root() -> PathBuf {
     PathBuf::from("/sys/fs/cgroup")
 }
 
+/// `[qemu]`: options of the qemu engine.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QemuConfig {
+    /// The QEMU binary.
+    #[serde(default = "qemu_binary")]
+    pub binary: PathBuf,
+    /// `auto` (KVM if it actually boots a guest, else TCG), `kvm` or `tcg`.
+    #[serde(default)]
+    pub accel: AccelChoice,
+    /// `microvm` (fastest) or `q35`.
+    #[serde(default = "qemu_machine")]
+    pub machine: QemuMachine,
+    /// Directory (tmpfs) for golden guest RAM files.
+    #[serde(default = "memory_dir")]
+    pub memory_dir: PathBuf,
+}
+
+impl Default for QemuConfig {
+    fn default() -> Self {
+        QemuConfig {
+            binary: qemu_binary(),
+            accel: AccelChoice::default(),
+            machine: qemu_machine(),
+            memory_dir: memory_dir(),
+        }
+    }
+}
+
+/// `[qemu] accel`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccelChoice {
+    /// Probe KVM once with a short deadline; TCG when it does not boot a guest.
+    #[default]
+    Auto,
+    /// Hardware virtualization.
+    Kvm,
+    /// Software emulation.
+    Tcg,
+}
+
+/// `[qemu] machine`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum QemuMachine {
+    /// virtio-mmio devices; fastest boot.
+    Microvm,
+    /// PCI devices; the safer fallback.
+    Q35,
+}
+
+fn qemu_binary() -> PathBuf {
+    PathBuf::from("qemu-system-x86_64")
+}
+fn qemu_machine() -> QemuMachine {
+    QemuMachine::Microvm
+}
+fn memory_dir() -> PathBuf {
+    PathBuf::from("/dev/shm")
+}
+
 /// Where the daemon listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ListenAddr {
@@ -250,7 +322,19 @@ impl Config {
 
     /// Decodes and validates TOML text.
     pub fn parse(text: &str) -> Result<Config> {
-        let config: Config = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        let mut config: Config = toml::from_str(text).map_err(|e| Error::Config(e.to_string()))?;
+        for t in config.templates.values_mut() {
+            if let Some(image) = &mut t.image {
+                if image.is_relative() {
+                    if let Ok(cwd) = std::env::current_dir() {
+                        *image = cwd.join(&*image);
+                    }
+                }
+                if t.rootfs.as_os_str().is_empty() {
+                    t.rootfs = image.join("rootfs");
+                }
+            }
+        }
         config.validate()?;
         Ok(config)
     }
@@ -261,9 +345,6 @@ impl Config {
         self.listen_addr()?;
         if self.data_dir.as_os_str().is_empty() {
             return bad("data_dir is empty".into());
-        }
-        if self.engine == EngineKind::Qemu {
-            return bad("engine \"qemu\" is not available in this build; use \"process\"".into());
         }
         if let Some(token) = &self.api_token {
             if token.len() < 16 {
@@ -311,6 +392,25 @@ impl Config {
             }
         }
         for (name, t) in &self.templates {
+            if self.engine == EngineKind::Qemu {
+                let Some(image) = &t.image else {
+                    return bad(format!(
+                        "template {name:?}: the qemu engine needs `image` (built by `cargo xtask image`)"
+                    ));
+                };
+                for file in ["vmlinuz", "initramfs.cpio.gz", "manifest.json"] {
+                    if !image.join(file).is_file() {
+                        return bad(format!(
+                            "template {name:?}: {}/{file} is missing; run `cargo xtask image`",
+                            image.display()
+                        ));
+                    }
+                }
+                continue;
+            }
+            if t.rootfs.as_os_str().is_empty() {
+                return bad(format!("template {name:?}: set rootfs or image"));
+            }
             if !t.rootfs.is_absolute() {
                 return bad(format!(
                     "template {name:?}: rootfs must be an absolute path"

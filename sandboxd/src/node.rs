@@ -11,6 +11,7 @@ use crate::auth::Auth;
 use crate::claims::{now_ms, Claims, Sandbox};
 use crate::config::{Config, EngineKind};
 use crate::engine::process::ProcessEngine;
+use crate::engine::qemu::QemuEngine;
 use crate::engine::{Engine, Guest};
 use crate::error::{Error, Result};
 use crate::exec::Execs;
@@ -66,9 +67,12 @@ impl Node {
                 &config.process.cgroup_root,
                 Duration::from_secs(config.boot_timeout_seconds),
             )?),
-            EngineKind::Qemu => {
-                return Err(Error::Config("the qemu engine is not in this build".into()))
-            }
+            EngineKind::Qemu => Arc::new(QemuEngine::new(
+                &config.qemu,
+                data_dir,
+                Duration::from_secs(config.boot_timeout_seconds),
+                config.templates.values().find_map(|t| t.image.clone()),
+            )?),
         };
         let metrics = Arc::new(Metrics::new());
         let shutdown = CancellationToken::new();
@@ -235,6 +239,7 @@ impl Node {
             .collect();
         futures::future::join_all(claimed.iter().map(|s| s.guest.destroy())).await;
         self.metrics.sandboxes.set(0);
+        self.engine.shutdown();
         tracing::info!(destroyed = claimed.len(), "all sandboxes destroyed");
     }
 }

@@ -15,6 +15,7 @@
 
 pub mod cgroup;
 pub mod process;
+pub mod qemu;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -78,4 +79,6 @@ pub trait Engine: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<()>>;
     /// Starts a guest for `spec`, from its golden when sealed, else cold.
     fn start<'a>(&'a self, spec: &'a GuestSpec) -> BoxFuture<'a, Result<Arc<dyn Guest>>>;
+    /// Frees node-wide resources once every guest is destroyed (daemon shutdown).
+    fn shutdown(&self) {}
 }

@@ -4,15 +4,7 @@
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
-/// `-M` machine type.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Machine {
-    /// virtio-mmio devices, fastest boot.
-    Microvm,
-    /// PCI devices; the safer fallback.
-    Q35,
-}
+pub use crate::config::QemuMachine as Machine;
 
 /// Accelerator actually used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -112,7 +104,13 @@ pub fn args(l: &Launch<'_>) -> Vec<OsString> {
     };
     let mem = format!("{}M", l.memory_mib);
     push(&["-m", &mem, "-smp", &l.cpus.to_string()]);
-    push(&["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
+    push(&[
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-no-reboot",
+    ]);
     let console = format!("file,id=con,path={}", console_log(l.run_dir).display());
     push(&["-chardev", &console, "-serial", "chardev:con"]);
     let backend = match &l.memory {
@@ -127,7 +125,12 @@ pub fn args(l: &Launch<'_>) -> Vec<OsString> {
         )),
     };
     match backend {
-        Some(b) => push(&["-object", &b, "-M", &format!("{machine},memory-backend=mem")]),
+        Some(b) => push(&[
+            "-object",
+            &b,
+            "-M",
+            &format!("{machine},memory-backend=mem"),
+        ]),
         None => push(&["-M", machine]),
     }
     let kernel = l.image.join("vmlinuz");
@@ -143,9 +146,15 @@ pub fn args(l: &Launch<'_>) -> Vec<OsString> {
     push(&["-chardev", &chan]);
     push(&["-device", "virtserialport,bus=vs0.0,chardev=ch0,name=silkd"]);
     if l.balloon {
-        push(&["-device", &format!("{balloon_dev},id=balloon0,deflate-on-oom=on")]);
+        push(&[
+            "-device",
+            &format!("{balloon_dev},id=balloon0,deflate-on-oom=on"),
+        ]);
     }
-    let qmp = format!("unix:{},server=on,wait=off", qmp_socket(l.run_dir).display());
+    let qmp = format!(
+        "unix:{},server=on,wait=off",
+        qmp_socket(l.run_dir).display()
+    );
     push(&["-qmp", &qmp]);
     if l.incoming {
         push(&["-incoming", "defer"]);
@@ -179,7 +188,9 @@ mod tests {
     fn clone_maps_the_golden_private_and_read_only() {
         let golden = launch(Memory::GoldenShared("/dev/shm/g.mem".into()), false);
         let clone = launch(Memory::ClonePrivate("/dev/shm/g.mem".into()), true);
-        assert!(golden.iter().any(|a| a.ends_with("mem-path=/dev/shm/g.mem,share=on")));
+        assert!(golden
+            .iter()
+            .any(|a| a.ends_with("mem-path=/dev/shm/g.mem,share=on")));
         assert!(clone
             .iter()
             .any(|a| a.ends_with("mem-path=/dev/shm/g.mem,share=off,readonly=on,rom=off")));
@@ -201,7 +212,9 @@ mod tests {
         assert!(append.contains("tsc_early_khz=2596122"));
         assert!(append.ends_with("-- --listen serial:silkd"));
         assert!(!a.iter().any(|x| x.contains("memory-backend")));
-        assert!(a.iter().any(|x| x.starts_with("virtio-balloon-device,id=balloon0,deflate-on-oom=on")));
+        assert!(a
+            .iter()
+            .any(|x| x.starts_with("virtio-balloon-device,id=balloon0,deflate-on-oom=on")));
         assert!(!a.iter().any(|x| x.contains("free-page-reporting=on")));
     }
 }

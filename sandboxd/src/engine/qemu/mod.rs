@@ -100,7 +100,11 @@ impl QemuEngine {
                     AccelChoice::Kvm => Accel::Kvm,
                     AccelChoice::Auto => self.probe_kvm().await,
                 };
-                tracing::info!(accel = accel.name(), tsc_khz = self.tsc_khz, "qemu accelerator");
+                tracing::info!(
+                    accel = accel.name(),
+                    tsc_khz = self.tsc_khz,
+                    "qemu accelerator"
+                );
                 accel
             })
             .await
@@ -122,7 +126,10 @@ impl QemuEngine {
             image: image.clone(),
             balloon: false,
         };
-        match self.launch(Accel::Kvm, &boot, false, KVM_PROBE_TIMEOUT).await {
+        match self
+            .launch(Accel::Kvm, &boot, false, KVM_PROBE_TIMEOUT)
+            .await
+        {
             Ok(guest) => {
                 guest.kill_and_clean().await;
                 tracing::info!("accel auto: KVM booted a guest, using kvm");
@@ -187,8 +194,9 @@ impl QemuEngine {
             balloon: boot.balloon,
             incoming,
         });
-        let stderr = std::fs::File::create(run_dir.join("qemu.log"))
-            .map_err(Error::io(format!("creating {}/qemu.log", run_dir.display())))?;
+        let stderr = std::fs::File::create(run_dir.join("qemu.log")).map_err(Error::io(
+            format!("creating {}/qemu.log", run_dir.display()),
+        ))?;
         let child = Command::new(&self.binary)
             .args(&args)
             .stdin(std::process::Stdio::null())
@@ -225,10 +233,13 @@ impl QemuEngine {
         let accel = self.accel().await;
         let guest = self.launch(accel, &boot, true, self.boot_timeout).await?;
         let restored = async {
-            let mut qmp = Qmp::connect(&cmdline::qmp_socket(&guest.run_dir), self.boot_timeout).await?;
-            qmp.execute("migrate-set-capabilities", Some(ignore_shared())).await?;
+            let mut qmp =
+                Qmp::connect(&cmdline::qmp_socket(&guest.run_dir), self.boot_timeout).await?;
+            qmp.execute("migrate-set-capabilities", Some(ignore_shared()))
+                .await?;
             let uri = format!("file:{}", Self::golden_state(spec).display());
-            qmp.execute("migrate-incoming", Some(json!({ "uri": uri }))).await?;
+            qmp.execute("migrate-incoming", Some(json!({ "uri": uri })))
+                .await?;
             qmp.wait_migration(MIGRATION_TIMEOUT).await?;
             qmp.execute("cont", None).await?;
             guest.connect(self.boot_timeout).await
@@ -265,7 +276,11 @@ impl Engine for QemuEngine {
         }
         api::EngineInfo {
             name: "qemu".into(),
-            accelerator: Some(accel.map_or("undecided (probed on first boot)", |a| a.name()).into()),
+            accelerator: Some(
+                accel
+                    .map_or("undecided (probed on first boot)", |a| a.name())
+                    .into(),
+            ),
             warnings,
         }
     }
@@ -339,7 +354,8 @@ impl Engine for QemuEngine {
                 golden.disconnect();
                 let mut qmp =
                     Qmp::connect(&cmdline::qmp_socket(&golden.run_dir), self.boot_timeout).await?;
-                qmp.execute("migrate-set-capabilities", Some(ignore_shared())).await?;
+                qmp.execute("migrate-set-capabilities", Some(ignore_shared()))
+                    .await?;
                 qmp.execute(
                     "migrate-set-parameters",
                     Some(json!({ "max-bandwidth": 100u64 << 30 })),
@@ -360,6 +376,13 @@ impl Engine for QemuEngine {
                 .map_err(Error::io(format!("renaming {}", tmp.display())))?;
             Ok(())
         })
+    }
+
+    fn shutdown(&self) {
+        // Every guest was destroyed already; this sweeps anything that escaped (a golden
+        // mid-build), so no QEMU outlives the daemon.
+        self.goldens.lock().expect("goldens lock").clear();
+        clean_leftovers(&self.run_root);
     }
 
     fn start<'a>(&'a self, spec: &'a GuestSpec) -> BoxFuture<'a, Result<Arc<dyn Guest>>> {
@@ -496,7 +519,11 @@ fn log_tail(run_dir: &Path) -> String {
         let text = String::from_utf8_lossy(&text[text.len().saturating_sub(600)..]).into_owned();
         text.trim().replace('\n', " | ")
     };
-    format!("qemu.log: [{}] console: [{}]", tail("qemu.log"), tail("console.log"))
+    format!(
+        "qemu.log: [{}] console: [{}]",
+        tail("qemu.log"),
+        tail("console.log")
+    )
 }
 
 fn qemu_version(binary: &Path) -> Result<String> {

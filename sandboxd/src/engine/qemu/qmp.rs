@@ -31,12 +31,7 @@ impl Qmp {
                 Err(_) if start.elapsed() < within => {
                     tokio::time::sleep(Duration::from_millis(5)).await
                 }
-                Err(e) => {
-                    return Err(Error::Engine(format!(
-                        "QMP socket {}: {e}",
-                        path.display()
-                    )))
-                }
+                Err(e) => return Err(Error::Engine(format!("QMP socket {}: {e}", path.display()))),
             }
         };
         let (r, w) = stream.into_split();
@@ -46,7 +41,9 @@ impl Qmp {
         };
         let greeting = qmp.read_message().await?;
         if greeting.get("QMP").is_none() {
-            return Err(Error::Engine(format!("QMP: unexpected greeting {greeting}")));
+            return Err(Error::Engine(format!(
+                "QMP: unexpected greeting {greeting}"
+            )));
         }
         qmp.execute("qmp_capabilities", None).await?;
         Ok(qmp)
@@ -79,7 +76,9 @@ impl Qmp {
                     e.get("class").and_then(Value::as_str).unwrap_or("?")
                 )));
             }
-            return Err(Error::Engine(format!("QMP {command}: unexpected reply {reply}")));
+            return Err(Error::Engine(format!(
+                "QMP {command}: unexpected reply {reply}"
+            )));
         }
     }
 
