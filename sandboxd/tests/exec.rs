@@ -28,7 +28,11 @@ async fn exact_bytes_encodings_and_spill() {
 
     // Non-UTF-8 bytes come back byte-identical through stdout_b64.
     let r = d
-        .exec(&id, &token, json!({"argv": ["head", "-c", "64", "/bin/ls"]}))
+        .exec(
+            &id,
+            &token,
+            json!({"argv": ["head", "-c", "64", "/bin/ls"]}),
+        )
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();

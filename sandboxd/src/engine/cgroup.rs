@@ -129,6 +129,14 @@ impl Cgroups {
         Ok((group, procs))
     }
 
+    /// Removes this daemon's (empty) parent groups.
+    pub fn remove_parents(&self) {
+        for (_, parent, _) in &self.places {
+            // Shared by several controllers under v2; NotFound on the second try is fine.
+            let _ = fs::remove_dir(parent);
+        }
+    }
+
     /// Kills and removes groups left by an earlier run (crash, SIGKILL).
     pub fn remove_stale(&self) {
         for (_, parent, _) in &self.places {

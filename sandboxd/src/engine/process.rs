@@ -63,7 +63,8 @@ impl ProcessEngine {
         }
         let sandboxes_dir = data_dir.join("sandboxes");
         // One cgroup group per data_dir: stale-group cleanup stays within this daemon's.
-        let instance = hex::encode(&sha2::Sha256::digest(data_dir.as_os_str().as_encoded_bytes())[..6]);
+        let instance =
+            hex::encode(&sha2::Sha256::digest(data_dir.as_os_str().as_encoded_bytes())[..6]);
         let cgroups = Cgroups::probe(cgroup_root, &instance);
         cgroups.remove_stale();
         if sandboxes_dir.exists() {
@@ -274,6 +275,10 @@ impl Engine for ProcessEngine {
 
     fn start<'a>(&'a self, spec: &'a GuestSpec) -> BoxFuture<'a, Result<Arc<dyn Guest>>> {
         Box::pin(self.launch(spec))
+    }
+
+    fn shutdown(&self) {
+        self.cgroups.remove_parents();
     }
 }
 

@@ -141,12 +141,8 @@ pub struct Resp {
 
 impl Resp {
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
-            panic!(
-                "not JSON ({e}): {:?}",
-                String::from_utf8_lossy(&self.body)
-            )
-        })
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {:?}", String::from_utf8_lossy(&self.body)))
     }
 
     pub fn text(&self) -> String {
@@ -220,7 +216,9 @@ impl Daemon {
     }
 
     pub async fn claim_as(&self, token: &str) -> (String, String) {
-        let r = self.call("POST", "/v1/claim", Some(token), Some("{}")).await;
+        let r = self
+            .call("POST", "/v1/claim", Some(token), Some("{}"))
+            .await;
         assert_eq!(r.status, 200, "claim: {}", r.text());
         let v = r.json();
         (
