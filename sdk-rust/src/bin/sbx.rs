@@ -1,0 +1,462 @@
+//! `sbx`: sandboxd from a terminal — claim, exec (streamed over the relay), run (claim,
+//! exec, release), release, renew, ls, info. A thin layer over `sandbox_sdk`: argument
+//! parsing, printing, exit codes and signals only.
+//!
+//! Exit codes: `exec` and `run` exit with the command's code (128 + signal when a signal
+//! ended it), 124 when its `--timeout` expired, 130/143 when sbx was interrupted, and 125
+//! when sbx itself failed. Other subcommands exit 1 on failure. Errors are one line on
+//! stderr.
+
+use std::future::Future;
+use std::io::IsTerminal;
+use std::process::ExitCode;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Parser, Subcommand};
+use sandbox_sdk::{ClaimOptions, Client, Command, Error, ExitStatus, Process, Sandbox};
+use tokio::io::AsyncWriteExt;
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+
+/// Exit code when sbx itself failed during `exec` or `run` (as `docker run` does), so it
+/// does not collide with the command's own codes.
+const EXIT_SBX_FAILED: u8 = 125;
+/// Exit code when the command's `--timeout` expired (as coreutils `timeout` does).
+const EXIT_TIMEOUT: u8 = 124;
+
+/// Claim sandboxes from sandboxd and run commands in them.
+#[derive(Parser)]
+#[command(name = "sbx", version)]
+struct Cli {
+    /// sandboxd's URL: http://host:port or unix:/path/to/socket.
+    #[arg(long, global = true, env = "SANDBOXD_URL", default_value = sandbox_sdk::DEFAULT_URL)]
+    url: String,
+    /// Bearer token: root or tenant; for `exec`, `renew` and `release` also the sandbox's own.
+    #[arg(long, global = true, env = "SANDBOXD_TOKEN", hide_env_values = true)]
+    token: Option<String>,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Claim a sandbox; print its id, token and deadline.
+    Claim {
+        #[command(flatten)]
+        claim: ClaimArgs,
+        /// Print the claim answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a command in a claimed sandbox, streaming its output; exit with its code.
+    Exec {
+        /// Sandbox id.
+        id: String,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Claim a sandbox, run a command in it, release it (also on failure or Ctrl-C).
+    Run {
+        #[command(flatten)]
+        claim: ClaimArgs,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Release a sandbox (an already released one is not an error).
+    Release {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Move a sandbox's deadline.
+    Renew {
+        /// Sandbox id.
+        id: String,
+        /// New lifetime from now, in seconds.
+        #[arg(long)]
+        ttl: u64,
+    },
+    /// List sandboxes (root: all; tenant: its own).
+    Ls {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the node (pools, limits, engine) as JSON, or one sandbox when given its id.
+    Info {
+        /// Sandbox id.
+        id: Option<String>,
+    },
+}
+
+#[derive(Args)]
+struct ClaimArgs {
+    /// Template name (the node's default when absent).
+    #[arg(long)]
+    template: Option<String>,
+    /// Size name (the node's default when absent).
+    #[arg(long)]
+    size: Option<String>,
+    /// Lifetime in seconds (the node's default when absent).
+    #[arg(long)]
+    ttl: Option<u64>,
+}
+
+#[derive(Args)]
+struct RunArgs {
+    /// Working directory inside the sandbox.
+    #[arg(long)]
+    cwd: Option<String>,
+    /// Environment variable KEY=VALUE (repeatable).
+    #[arg(long = "env", short = 'e', value_parser = parse_env)]
+    env: Vec<(String, String)>,
+    /// Kill the command after this many seconds (exit 124).
+    #[arg(long)]
+    timeout: Option<f64>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    argv: Vec<String>,
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
+}
+
+/// Why `exec` or `run` stopped, when it was not the command ending by itself.
+enum Stop {
+    /// sbx got this signal; the command was killed.
+    Signal(i32),
+    /// The call failed.
+    Failed(Error),
+}
+
+impl From<Error> for Stop {
+    fn from(e: Error) -> Stop {
+        Stop::Failed(e)
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let client = match Client::new(&cli.url) {
+        Ok(c) => match &cli.token {
+            Some(t) if !t.is_empty() => c.with_token(t.clone()),
+            _ => c,
+        },
+        Err(e) => return fail(&e, 1),
+    };
+    let code = match cli.command {
+        Cmd::Claim { claim, json } => plain(claim_cmd(&client, claim, json).await),
+        Cmd::Exec { id, run } => {
+            let interrupts = match Interrupts::install() {
+                Ok(i) => i,
+                Err(e) => return fail(&e, EXIT_SBX_FAILED),
+            };
+            finish(stream(&client.sandbox(id), run, &interrupts).await)
+        }
+        Cmd::Run { claim, run } => run_cmd(&client, claim, run).await,
+        Cmd::Release { id } => plain(client.sandbox(id).release().await),
+        Cmd::Renew { id, ttl } => plain(renew_cmd(&client, id, ttl).await),
+        Cmd::Ls { json } => plain(ls_cmd(&client, json).await),
+        Cmd::Info { id } => plain(info_cmd(&client, id).await),
+    };
+    // Exit here rather than return: a stdin copy may still be blocked reading our stdin,
+    // and the runtime would wait for it on shutdown.
+    std::process::exit(code.into())
+}
+
+fn fail(e: &dyn std::fmt::Display, code: u8) -> ExitCode {
+    eprintln!("sbx: {e}");
+    // Exit here rather than return: a stdin copy may still be blocked reading our stdin,
+    // and the runtime would wait for it on shutdown.
+    std::process::exit(code.into())
+}
+
+fn plain(result: Result<(), Error>) -> u8 {
+    match result {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("sbx: {e}");
+            1
+        }
+    }
+}
+
+/// The exit code of `exec` / `run`.
+fn finish(result: Result<ExitStatus, Stop>) -> u8 {
+    match result {
+        // Codes outside 0..=255 cannot be an exit status; a shell would truncate them.
+        Ok(status) => (status.shell_code() & 0xff) as u8,
+        Err(Stop::Signal(sig)) => (128 + sig) as u8,
+        Err(Stop::Failed(Error::Timeout)) => {
+            eprintln!("sbx: {}", Error::Timeout);
+            EXIT_TIMEOUT
+        }
+        Err(Stop::Failed(e)) => {
+            eprintln!("sbx: {e}");
+            EXIT_SBX_FAILED
+        }
+    }
+}
+
+fn claim_options(args: ClaimArgs) -> ClaimOptions {
+    let mut opts = ClaimOptions::new();
+    if let Some(t) = args.template {
+        opts = opts.template(t);
+    }
+    if let Some(s) = args.size {
+        opts = opts.size(s);
+    }
+    if let Some(ttl) = args.ttl {
+        opts = opts.ttl(Duration::from_secs(ttl));
+    }
+    opts
+}
+
+async fn claim_cmd(client: &Client, args: ClaimArgs, json: bool) -> Result<(), Error> {
+    let sandbox = with_progress("claiming a sandbox", client.claim(claim_options(args))).await?;
+    let token = sandbox.token().unwrap_or_default();
+    let deadline = sandbox.deadline_unix().unwrap_or_default();
+    if json {
+        let answer = api::ClaimResponse {
+            id: sandbox.id().to_string(),
+            token: token.to_string(),
+            deadline,
+        };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&answer).expect("serializes")
+        );
+    } else {
+        println!("id       {}", sandbox.id());
+        println!("token    {token}");
+        println!("deadline {deadline} (in {}s)", seconds_until(deadline));
+    }
+    Ok(())
+}
+
+async fn renew_cmd(client: &Client, id: String, ttl: u64) -> Result<(), Error> {
+    let mut sandbox = client.sandbox(id);
+    sandbox.renew(Duration::from_secs(ttl)).await?;
+    let deadline = sandbox.deadline_unix().unwrap_or_default();
+    println!("deadline {deadline} (in {}s)", seconds_until(deadline));
+    Ok(())
+}
+
+async fn ls_cmd(client: &Client, json: bool) -> Result<(), Error> {
+    let sandboxes = client.list().await?;
+    if json {
+        let list = api::SandboxList { sandboxes };
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&list).expect("serializes")
+        );
+        return Ok(());
+    }
+    println!(
+        "{:<34} {:<12} {:<8} {:<7} {:>9}  TENANT",
+        "ID", "TEMPLATE", "SIZE", "STATE", "EXPIRES"
+    );
+    for s in sandboxes {
+        let state = match s.state {
+            sandbox_sdk::SandboxState::Ready => "ready",
+            sandbox_sdk::SandboxState::Failed => "failed",
+        };
+        println!(
+            "{:<34} {:<12} {:<8} {:<7} {:>8}s  {}",
+            s.id,
+            s.template,
+            s.size,
+            state,
+            seconds_until(s.deadline),
+            s.tenant.as_deref().unwrap_or("-")
+        );
+    }
+    Ok(())
+}
+
+async fn info_cmd(client: &Client, id: Option<String>) -> Result<(), Error> {
+    let text = match id {
+        Some(id) => serde_json::to_string_pretty(&client.sandbox_info(&id).await?),
+        None => serde_json::to_string_pretty(&client.info().await?),
+    };
+    println!("{}", text.expect("serializes"));
+    Ok(())
+}
+
+async fn run_cmd(client: &Client, claim: ClaimArgs, run: RunArgs) -> u8 {
+    let interrupts = match Interrupts::install() {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("sbx: {e}");
+            return EXIT_SBX_FAILED;
+        }
+    };
+    // The claim is not raced with signals: a claim abandoned mid-flight could still be
+    // granted, and its id would never be known to release. A signal is acted on once the
+    // claim has answered.
+    let claimed = with_progress("claiming a sandbox", client.claim(claim_options(claim))).await;
+    let sandbox = match claimed {
+        Ok(s) => s,
+        Err(e) => return finish(Err(Stop::Failed(e))),
+    };
+    let outcome = match interrupts.received() {
+        Some(sig) => Err(Stop::Signal(sig)),
+        None => stream(&sandbox, run, &interrupts).await,
+    };
+    let code = finish(outcome);
+    match with_progress("releasing the sandbox", sandbox.release()).await {
+        Ok(()) => code,
+        Err(e) => {
+            eprintln!("sbx: releasing {}: {e}", sandbox.id());
+            EXIT_SBX_FAILED
+        }
+    }
+}
+
+/// Spawns the command over the relay, copies its output to ours (and our stdin to it
+/// when ours is not a terminal), and waits for it. A signal to sbx kills the command.
+async fn stream(
+    sandbox: &Sandbox,
+    args: RunArgs,
+    interrupts: &Interrupts,
+) -> Result<ExitStatus, Stop> {
+    let forward_stdin = !std::io::stdin().is_terminal();
+    let mut cmd = Command::from_argv(args.argv)
+        .envs(args.env)
+        .stdin(forward_stdin);
+    if let Some(cwd) = args.cwd {
+        cmd = cmd.cwd(cwd);
+    }
+    if let Some(secs) = args.timeout {
+        if !(secs.is_finite() && secs > 0.0) {
+            return Err(Error::BadRequest("--timeout must be a positive number".into()).into());
+        }
+        cmd = cmd.timeout(Duration::from_secs_f64(secs));
+    }
+    let mut process = tokio::select! {
+        spawned = sandbox.spawn(&cmd) => spawned?,
+        sig = interrupts.wait() => return Err(Stop::Signal(sig)),
+    };
+    // Not awaited: a command may exit without reading its stdin, and the copy blocks on
+    // our stdin until it does; the copy ends with the process.
+    if let Some(mut stdin) = process.stdin() {
+        tokio::spawn(async move {
+            if tokio::io::copy(&mut tokio::io::stdin(), &mut stdin)
+                .await
+                .is_ok()
+            {
+                let _ = stdin.close().await;
+            }
+        });
+    }
+    let ended = tokio::select! {
+        ended = copy_and_wait(&mut process) => ended,
+        sig = interrupts.wait() => {
+            if let Err(e) = process.kill().await {
+                eprintln!("sbx: killing pid {}: {e}", process.pid());
+            }
+            return Err(Stop::Signal(sig));
+        }
+    };
+    Ok(ended?)
+}
+
+async fn copy_and_wait(process: &mut Process) -> Result<ExitStatus, Error> {
+    let mut out = process.take_stdout().expect("taken first");
+    let mut err = process.take_stderr().expect("taken first");
+    let copy_out = async {
+        let mut stdout = tokio::io::stdout();
+        // A closed stdout (e.g. `| head`) must not stop us waiting for the command.
+        let _ = tokio::io::copy(&mut out, &mut stdout).await;
+        let _ = stdout.flush().await;
+    };
+    let copy_err = async {
+        let mut stderr = tokio::io::stderr();
+        let _ = tokio::io::copy(&mut err, &mut stderr).await;
+        let _ = stderr.flush().await;
+    };
+    let ((), (), status) = tokio::join!(copy_out, copy_err, process.wait());
+    status
+}
+
+/// SIGINT, SIGTERM and SIGHUP, caught from the start so that `run` always gets to
+/// release its sandbox.
+struct Interrupts {
+    rx: watch::Receiver<Option<i32>>,
+}
+
+impl Interrupts {
+    fn install() -> Result<Interrupts, std::io::Error> {
+        let (tx, rx) = watch::channel(None);
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        let mut hup = signal(SignalKind::hangup())?;
+        tokio::spawn(async move {
+            loop {
+                let sig = tokio::select! {
+                    _ = int.recv() => libc::SIGINT,
+                    _ = term.recv() => libc::SIGTERM,
+                    _ = hup.recv() => libc::SIGHUP,
+                };
+                if tx.borrow().is_none() {
+                    eprintln!("sbx: interrupted; cleaning up");
+                }
+                tx.send_replace(Some(sig));
+            }
+        });
+        Ok(Interrupts { rx })
+    }
+
+    fn received(&self) -> Option<i32> {
+        *self.rx.borrow()
+    }
+
+    async fn wait(&self) -> i32 {
+        let mut rx = self.rx.clone();
+        let sig = rx.wait_for(Option::is_some).await.map(|sig| *sig);
+        match sig {
+            Ok(sig) => sig.expect("waited for Some"),
+            // The sender lives as long as the runtime; never ends otherwise.
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+/// Runs `work`; when stderr is a terminal and it takes over a second, shows the label and
+/// the seconds elapsed until it is done.
+async fn with_progress<T>(label: &str, work: impl Future<Output = T>) -> T {
+    if !std::io::stderr().is_terminal() {
+        return work.await;
+    }
+    let start = Instant::now();
+    let mut tick = tokio::time::interval_at(
+        tokio::time::Instant::now() + Duration::from_secs(1),
+        Duration::from_millis(500),
+    );
+    tokio::pin!(work);
+    let mut shown = false;
+    let result = loop {
+        tokio::select! {
+            result = &mut work => break result,
+            _ = tick.tick() => {
+                eprint!("\r{label}... {}s", start.elapsed().as_secs());
+                shown = true;
+            }
+        }
+    };
+    if shown {
+        eprint!("\r\x1b[K");
+    }
+    result
+}
+
+fn seconds_until(deadline: u64) -> i64 {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or_default();
+    deadline as i64 - now as i64
+}

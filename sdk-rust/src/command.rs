@@ -1,0 +1,284 @@
+//! What to run ([`Command`]) and how it ended ([`ExitStatus`], [`Output`]): plain values,
+//! turned into the HTTP exec body or the wire `Exec` frame here and nowhere else.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+/// A command to run in a sandbox: argv, working directory, extra environment, timeout and
+/// whether it reads stdin. Build it once; run it with [`Sandbox::exec`](crate::Sandbox::exec)
+/// (buffered) or [`Sandbox::spawn`](crate::Sandbox::spawn) (streaming).
+///
+/// ```
+/// use std::time::Duration;
+/// use sandbox_sdk::Command;
+///
+/// let cmd = Command::new("sh")
+///     .args(["-c", "echo $GREETING from $(pwd)"])
+///     .cwd("/tmp")
+///     .env("GREETING", "hello")
+///     .timeout(Duration::from_secs(10));
+/// assert_eq!(cmd.argv(), ["sh", "-c", "echo $GREETING from $(pwd)"]);
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Command {
+    argv: Vec<String>,
+    cwd: Option<String>,
+    env: BTreeMap<String, String>,
+    timeout: Option<Duration>,
+    stdin: bool,
+}
+
+impl Command {
+    /// A command running `program` (looked up in the guest's `PATH` when it has no `/`).
+    pub fn new(program: impl Into<String>) -> Command {
+        Command {
+            argv: vec![program.into()],
+            cwd: None,
+            env: BTreeMap::new(),
+            timeout: None,
+            stdin: false,
+        }
+    }
+
+    /// A command from a whole argv; [`Sandbox::exec`](crate::Sandbox::exec) refuses an
+    /// empty one with [`Error::BadRequest`](crate::Error::BadRequest).
+    pub fn from_argv<I, S>(argv: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Command {
+            argv: argv.into_iter().map(Into::into).collect(),
+            ..Command::new("")
+        }
+    }
+
+    /// Appends one argument.
+    pub fn arg(mut self, arg: impl Into<String>) -> Command {
+        self.argv.push(arg.into());
+        self
+    }
+
+    /// Appends arguments.
+    pub fn args<I, S>(mut self, args: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.argv.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Working directory inside the sandbox.
+    pub fn cwd(mut self, dir: impl Into<String>) -> Command {
+        self.cwd = Some(dir.into());
+        self
+    }
+
+    /// Sets one environment variable on top of the guest's base `PATH`, `HOME`, `TERM`.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Command {
+        self.env.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets several environment variables.
+    pub fn envs<I, K, V>(mut self, vars: I) -> Command
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<String>,
+        V: Into<String>,
+    {
+        self.env
+            .extend(vars.into_iter().map(|(k, v)| (k.into(), v.into())));
+        self
+    }
+
+    /// Kill the command (its whole process group) after this long; the call then fails
+    /// with [`Error::Timeout`](crate::Error::Timeout). Enforced by the guest agent itself.
+    pub fn timeout(mut self, timeout: Duration) -> Command {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Whether a spawned command reads stdin from [`Process::stdin`](crate::Process::stdin)
+    /// (default: no, its stdin is `/dev/null`). Buffered exec has no stdin.
+    pub fn stdin(mut self, on: bool) -> Command {
+        self.stdin = on;
+        self
+    }
+
+    /// Program and arguments.
+    pub fn argv(&self) -> &[String] {
+        &self.argv
+    }
+
+    /// Whether the command reads stdin.
+    pub fn reads_stdin(&self) -> bool {
+        self.stdin
+    }
+
+    /// The body of `POST /v1/sandboxes/{id}/exec`.
+    pub(crate) fn exec_request(&self) -> api::ExecRequest {
+        api::ExecRequest {
+            argv: self.argv.clone(),
+            cwd: self.cwd.clone(),
+            env: (!self.env.is_empty()).then(|| self.env.clone()),
+            timeout_seconds: self.timeout.map(|t| t.as_secs_f64()),
+            encoding: None,
+        }
+    }
+
+    /// The wire `Exec` frame that starts the command over the relay.
+    pub(crate) fn exec_frame(&self) -> wire::Request {
+        wire::Request::Exec {
+            argv: self.argv.clone(),
+            cwd: self.cwd.clone(),
+            env: (!self.env.is_empty()).then(|| {
+                self.env
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect()
+            }),
+            stdin: self.stdin,
+            // Round up so that a sub-millisecond timeout is not sent as "none".
+            timeout_ms: self
+                .timeout
+                .map(|t| t.as_millis().max(1).try_into().unwrap_or(u64::MAX)),
+        }
+    }
+}
+
+/// How a command ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExitStatus {
+    /// It exited with this code.
+    Code(i32),
+    /// A signal (this number) ended it.
+    Signal(i32),
+}
+
+impl ExitStatus {
+    /// From the optional code and signal that both the HTTP answer and the wire carry.
+    pub(crate) fn from_parts(code: Option<i32>, signal: Option<i32>) -> Option<ExitStatus> {
+        match (signal, code) {
+            (Some(s), _) => Some(ExitStatus::Signal(s)),
+            (None, Some(c)) => Some(ExitStatus::Code(c)),
+            (None, None) => None,
+        }
+    }
+
+    /// True when it exited with code 0.
+    pub fn success(self) -> bool {
+        self == ExitStatus::Code(0)
+    }
+
+    /// The exit code, when it exited.
+    pub fn code(self) -> Option<i32> {
+        match self {
+            ExitStatus::Code(c) => Some(c),
+            ExitStatus::Signal(_) => None,
+        }
+    }
+
+    /// The signal, when one ended it.
+    pub fn signal(self) -> Option<i32> {
+        match self {
+            ExitStatus::Code(_) => None,
+            ExitStatus::Signal(s) => Some(s),
+        }
+    }
+
+    /// The status a shell would report: the code, or 128 + the signal.
+    pub fn shell_code(self) -> i32 {
+        match self {
+            ExitStatus::Code(c) => c,
+            ExitStatus::Signal(s) => 128 + s,
+        }
+    }
+}
+
+impl fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExitStatus::Code(c) => write!(f, "exit code {c}"),
+            ExitStatus::Signal(s) => write!(f, "killed by signal {s}"),
+        }
+    }
+}
+
+/// What a buffered exec returns: how the command ended and its exact output bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Output {
+    /// How it ended.
+    pub exit: ExitStatus,
+    /// Everything it wrote to stdout, byte for byte.
+    pub stdout: Vec<u8>,
+    /// Everything it wrote to stderr, byte for byte.
+    pub stderr: Vec<u8>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builds_both_request_forms() {
+        let cmd = Command::new("env")
+            .env("B", "2")
+            .env("A", "1")
+            .cwd("/tmp")
+            .timeout(Duration::from_millis(1500))
+            .stdin(true);
+        let http = cmd.exec_request();
+        assert_eq!(http.argv, ["env"]);
+        assert_eq!(http.timeout_seconds, Some(1.5));
+        assert_eq!(http.env.unwrap().len(), 2);
+        match cmd.exec_frame() {
+            wire::Request::Exec {
+                argv,
+                cwd,
+                env,
+                stdin,
+                timeout_ms,
+            } => {
+                assert_eq!(argv, ["env"]);
+                assert_eq!(cwd.as_deref(), Some("/tmp"));
+                assert_eq!(
+                    env.unwrap(),
+                    [("A".into(), "1".into()), ("B".into(), "2".into())]
+                );
+                assert!(stdin);
+                assert_eq!(timeout_ms, Some(1500));
+            }
+            other => panic!("not an exec frame: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn omits_what_is_unset() {
+        let http = Command::from_argv(["true"]).exec_request();
+        assert_eq!(http.env, None);
+        assert_eq!(http.cwd, None);
+        assert_eq!(http.timeout_seconds, None);
+        let json = serde_json::to_string(&http).unwrap();
+        assert_eq!(json, r#"{"argv":["true"]}"#);
+    }
+
+    #[test]
+    fn exit_status_forms() {
+        assert_eq!(
+            ExitStatus::from_parts(Some(7), None),
+            Some(ExitStatus::Code(7))
+        );
+        assert_eq!(
+            ExitStatus::from_parts(None, Some(9)),
+            Some(ExitStatus::Signal(9))
+        );
+        assert_eq!(ExitStatus::from_parts(None, None), None);
+        assert_eq!(ExitStatus::Signal(9).shell_code(), 137);
+        assert_eq!(ExitStatus::Code(3).shell_code(), 3);
+        assert!(ExitStatus::Code(0).success());
+        assert!(!ExitStatus::Signal(15).success());
+    }
+}

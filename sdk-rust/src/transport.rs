@@ -1,0 +1,332 @@
+//! HTTP to sandboxd: one pooled hyper client over TCP or a Unix socket, JSON bodies, and
+//! the relay's `Upgrade: silkd`. Knows routes only as paths; nothing about sandboxes.
+
+use std::future::Future;
+use std::io;
+use std::path::PathBuf;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_TYPE, UPGRADE};
+use hyper::upgrade::Upgraded;
+use hyper::{Method, Request, StatusCode, Uri};
+use hyper_util::client::legacy::connect::{Connected, Connection};
+use hyper_util::client::legacy::Client as PooledClient;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpStream, UnixStream};
+
+use crate::error::{Error, Result};
+
+/// Largest response body read. A buffered exec answer is at most the node's output cap
+/// (8 MiB by default) as JSON, which escaping can grow about sixfold.
+const MAX_BODY: usize = 128 * 1024 * 1024;
+
+/// Where sandboxd listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    /// `host:port` over TCP.
+    Tcp(String),
+    /// A Unix socket path.
+    Unix(PathBuf),
+}
+
+impl Endpoint {
+    /// Parses `http://host:port`, a bare `host:port`, or `unix:/path` (also `unix:///path`).
+    pub(crate) fn parse(url: &str) -> Result<Endpoint> {
+        let bad = |why: &str| Error::InvalidUrl(format!("{url:?}: {why}"));
+        if let Some(path) = url.strip_prefix("unix:") {
+            let path = path.strip_prefix("//").unwrap_or(path);
+            if path.is_empty() {
+                return Err(bad("no socket path after unix:"));
+            }
+            return Ok(Endpoint::Unix(PathBuf::from(path)));
+        }
+        let authority = match url.split_once("://") {
+            Some(("http", rest)) => rest,
+            Some(("https", _)) => {
+                return Err(bad(
+                    "https is not supported; put sandboxd behind a TLS proxy",
+                ))
+            }
+            Some((scheme, _)) => return Err(bad(&format!("unknown scheme {scheme}"))),
+            None => url,
+        };
+        let authority = authority.trim_end_matches('/');
+        if authority.is_empty() || authority.contains('/') {
+            return Err(bad("expected http://host:port with no path"));
+        }
+        authority
+            .parse::<hyper::http::uri::Authority>()
+            .map_err(|e| bad(&e.to_string()))?;
+        Ok(Endpoint::Tcp(authority.to_string()))
+    }
+
+    /// The scheme and authority put in request URIs. A Unix socket has no host; sandboxd
+    /// ignores `Host`, so `localhost` stands in.
+    fn base(&self) -> String {
+        match self {
+            Endpoint::Tcp(authority) => format!("http://{authority}"),
+            Endpoint::Unix(_) => "http://localhost".to_string(),
+        }
+    }
+}
+
+/// A connection to sandboxd over either kind of socket.
+pub(crate) enum Stream {
+    Tcp(TcpStream),
+    Unix(UnixStream),
+}
+
+impl AsyncRead for Stream {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Stream {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
+            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+impl Connection for Stream {
+    fn connected(&self) -> Connected {
+        Connected::new()
+    }
+}
+
+/// Dials the endpoint whatever the request URI says (it always names the same node).
+#[derive(Clone)]
+pub(crate) struct Connector(Arc<Endpoint>);
+
+impl tower_service::Service<Uri> for Connector {
+    type Response = TokioIo<Stream>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<TokioIo<Stream>>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _uri: Uri) -> Self::Future {
+        let endpoint = Arc::clone(&self.0);
+        Box::pin(async move {
+            let stream = match &*endpoint {
+                Endpoint::Tcp(authority) => {
+                    let s = TcpStream::connect(authority.as_str()).await.map_err(|e| {
+                        io::Error::new(e.kind(), format!("connect to {authority}: {e}"))
+                    })?;
+                    // Small JSON requests and wire frames: latency matters, not batching.
+                    s.set_nodelay(true)?;
+                    Stream::Tcp(s)
+                }
+                Endpoint::Unix(path) => {
+                    Stream::Unix(UnixStream::connect(path).await.map_err(|e| {
+                        io::Error::new(e.kind(), format!("connect to {}: {e}", path.display()))
+                    })?)
+                }
+            };
+            Ok(TokioIo::new(stream))
+        })
+    }
+}
+
+/// An HTTP answer read whole.
+pub(crate) struct Answer {
+    pub(crate) status: StatusCode,
+    pub(crate) headers: hyper::HeaderMap,
+    pub(crate) body: Bytes,
+}
+
+impl Answer {
+    /// The body decoded as `T` when the status is `expected`, else the matching [`Error`].
+    pub(crate) fn json<T: serde::de::DeserializeOwned>(self, expected: StatusCode) -> Result<T> {
+        self.expect(expected)?;
+        serde_json::from_slice(&self.body)
+            .map_err(|e| Error::Protocol(format!("cannot decode the {} answer: {e}", self.status)))
+    }
+
+    /// `Ok` when the status is `expected`, else the matching [`Error`].
+    pub(crate) fn expect(&self, expected: StatusCode) -> Result<()> {
+        if self.status == expected {
+            Ok(())
+        } else if self.status.is_success() {
+            Err(Error::Unexpected {
+                status: self.status.as_u16(),
+                message: format!("expected {expected}"),
+            })
+        } else {
+            Err(Error::from_response(self.status, &self.headers, &self.body))
+        }
+    }
+}
+
+/// The pooled HTTP client for one node. Cheap to clone; clones share connections.
+#[derive(Clone)]
+pub(crate) struct Http {
+    client: PooledClient<Connector, Full<Bytes>>,
+    base: Arc<str>,
+}
+
+impl Http {
+    /// A client for `endpoint`; no connection is made until the first request.
+    pub(crate) fn new(endpoint: Endpoint) -> Http {
+        let base = endpoint.base().into();
+        let client =
+            PooledClient::builder(TokioExecutor::new()).build(Connector(Arc::new(endpoint)));
+        Http { client, base }
+    }
+
+    /// Sends one request and reads the whole answer.
+    pub(crate) async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        json: Option<Vec<u8>>,
+    ) -> Result<Answer> {
+        let mut req = self.request(method, path, token)?;
+        if let Some(body) = json {
+            req.headers_mut()
+                .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+            *req.body_mut() = Full::new(Bytes::from(body));
+        }
+        let resp = self.client.request(req).await.map_err(Error::transport)?;
+        let (parts, body) = resp.into_parts();
+        let body = Limited::new(body, MAX_BODY)
+            .collect()
+            .await
+            .map_err(|e| Error::Transport(crate::error::TransportError::from_boxed(e)))?
+            .to_bytes();
+        Ok(Answer {
+            status: parts.status,
+            headers: parts.headers,
+            body,
+        })
+    }
+
+    /// `GET path` with `Upgrade: silkd`; the upgraded byte stream once the server said 101.
+    pub(crate) async fn upgrade(&self, path: &str, token: Option<&str>) -> Result<Upgraded> {
+        let mut req = self.request(Method::GET, path, token)?;
+        let headers = req.headers_mut();
+        headers.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
+        headers.insert(UPGRADE, HeaderValue::from_static("silkd"));
+        let resp = self.client.request(req).await.map_err(Error::transport)?;
+        if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+            let (parts, body) = resp.into_parts();
+            let body = Limited::new(body, 64 * 1024)
+                .collect()
+                .await
+                .map(|b| b.to_bytes())
+                .unwrap_or_default();
+            let answer = Answer {
+                status: parts.status,
+                headers: parts.headers,
+                body,
+            };
+            return Err(answer
+                .expect(StatusCode::SWITCHING_PROTOCOLS)
+                .expect_err("the status is not 101"));
+        }
+        hyper::upgrade::on(resp).await.map_err(Error::transport)
+    }
+
+    fn request(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+    ) -> Result<Request<Full<Bytes>>> {
+        let uri = format!("{}{path}", self.base);
+        let mut req = Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Full::new(Bytes::new()))
+            .map_err(|e| Error::InvalidUrl(e.to_string()))?;
+        if let Some(token) = token {
+            let value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
+                Error::BadRequest("the token has characters a header cannot carry".into())
+            })?;
+            req.headers_mut().insert(AUTHORIZATION, value);
+        }
+        Ok(req)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_url_forms() {
+        assert_eq!(
+            Endpoint::parse("http://127.0.0.1:7777").unwrap(),
+            Endpoint::Tcp("127.0.0.1:7777".into())
+        );
+        assert_eq!(
+            Endpoint::parse("http://localhost:7777/").unwrap(),
+            Endpoint::Tcp("localhost:7777".into())
+        );
+        assert_eq!(
+            Endpoint::parse("127.0.0.1:7777").unwrap(),
+            Endpoint::Tcp("127.0.0.1:7777".into())
+        );
+        assert_eq!(
+            Endpoint::parse("unix:/run/sandboxd.sock").unwrap(),
+            Endpoint::Unix("/run/sandboxd.sock".into())
+        );
+        assert_eq!(
+            Endpoint::parse("unix:///run/sandboxd.sock").unwrap(),
+            Endpoint::Unix("/run/sandboxd.sock".into())
+        );
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_dial() {
+        for url in [
+            "https://example.org",
+            "ftp://x:1",
+            "http://host:1/v1",
+            "unix:",
+            "",
+            "http://",
+        ] {
+            assert!(
+                matches!(Endpoint::parse(url), Err(Error::InvalidUrl(_))),
+                "{url:?} was accepted"
+            );
+        }
+    }
+}
