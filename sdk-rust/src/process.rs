@@ -402,8 +402,9 @@ enum StdinMsg {
     Close,
 }
 
-/// A spawned command's stdin, from [`Process::stdin`]. Write with [`AsyncWrite`] (e.g.
-/// `write_all`); [`close`](ProcessStdin::close), `shutdown` or dropping it sends EOF.
+/// A spawned command's stdin, from [`Process::stdin`]. Write with [`send`](ProcessStdin::send)
+/// or as an [`AsyncWrite`] (e.g. `tokio::io::copy` into it); [`close`](ProcessStdin::close),
+/// `shutdown` or dropping it sends EOF.
 pub struct ProcessStdin {
     tx: PollSender<StdinMsg>,
     closed: bool,
@@ -417,6 +418,12 @@ impl ProcessStdin {
             tx: PollSender::new(tx),
             closed: false,
         }
+    }
+
+    /// Writes all of `data` (what `write_all` does, with the SDK's error type).
+    pub async fn send(&mut self, data: &[u8]) -> Result<()> {
+        use tokio::io::AsyncWriteExt;
+        self.write_all(data).await.map_err(Error::transport)
     }
 
     /// Sends EOF: the command reads end-of-file once the bytes already written arrive.

@@ -256,7 +256,7 @@ async fn ls_cmd(client: &Client, json: bool) -> Result<(), Error> {
         return Ok(());
     }
     println!(
-        "{:<34} {:<12} {:<8} {:<7} {:>9}  TENANT",
+        "{:<20} {:<12} {:<8} {:<7} {:>9}  TENANT",
         "ID", "TEMPLATE", "SIZE", "STATE", "EXPIRES"
     );
     for s in sandboxes {
@@ -265,7 +265,7 @@ async fn ls_cmd(client: &Client, json: bool) -> Result<(), Error> {
             sandbox_sdk::SandboxState::Failed => "failed",
         };
         println!(
-            "{:<34} {:<12} {:<8} {:<7} {:>8}s  {}",
+            "{:<20} {:<12} {:<8} {:<7} {:>8}s  {}",
             s.id,
             s.template,
             s.size,

@@ -290,3 +290,27 @@ pub async fn assert_nothing_runs(sandbox: &Sandbox) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// An example of this crate, built (once per name) and returned as a path.
+pub fn example(name: &str) -> PathBuf {
+    let out = Command::new(env!("CARGO"))
+        .args(["build", "-p", "sdk-rust", "--quiet", "--example", name])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("running cargo build --example");
+    assert!(
+        out.status.success(),
+        "cargo build --example {name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let exe = std::env::current_exe().unwrap();
+    let path = exe
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("examples")
+        .join(name);
+    assert!(path.is_file(), "{} missing", path.display());
+    path
+}

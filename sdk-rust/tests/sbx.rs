@@ -1,0 +1,284 @@
+//! The `sbx` binary and the quick-start example against a real sandboxd: exit codes,
+//! stdin forwarding, release on success, failure and Ctrl-C, one-line errors.
+
+mod harness;
+
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use harness::{bounded, running, Daemon, Limits};
+use sandbox_sdk::ClaimOptions;
+use tokio::io::AsyncWriteExt;
+use tokio::process::Command;
+
+/// Runs an `sbx` command line to completion.
+async fn sbx(d: &Daemon, args: &[&str]) -> Output {
+    let mut cmd = Command::from(d.sbx());
+    cmd.args(args).kill_on_drop(true);
+    cmd.output().await.expect("running sbx")
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn exec_streams_and_propagates_exit_codes() {
+    let d = Daemon::start();
+    bounded(async {
+        let sandbox = d.root().claim(ClaimOptions::new()).await.unwrap();
+        let id = sandbox.id();
+
+        let out = sbx(&d, &["exec", id, "--", "sh", "-c", "exit 7"]).await;
+        assert_eq!(out.status.code(), Some(7), "{}", stderr(&out));
+        let out = sbx(&d, &["exec", id, "--", "sh", "-c", "kill -KILL $$"]).await;
+        assert_eq!(out.status.code(), Some(128 + 9));
+
+        // Output goes to the matching stream, byte for byte.
+        let out = sbx(
+            &d,
+            &[
+                "exec",
+                id,
+                "-e",
+                "X=1",
+                "--cwd",
+                "/tmp",
+                "--",
+                "sh",
+                "-c",
+                "printf 'out %s %s\\377' $X $(pwd); printf err >&2",
+            ],
+        )
+        .await;
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(out.stdout, b"out 1 /tmp\xff");
+        assert_eq!(out.stderr, b"err");
+
+        // stdin is forwarded when it is not a terminal, EOF included; the sandbox's own
+        // token works as well as root's.
+        let mut cmd = Command::from(d.sbx());
+        cmd.args([
+            "--token",
+            sandbox.token().unwrap(),
+            "exec",
+            id,
+            "--",
+            "sh",
+            "-c",
+            "cat; echo end",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true);
+        let mut child = cmd.spawn().unwrap();
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(b"line one\nline two\n").await.unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().await.unwrap();
+        assert_eq!(out.status.code(), Some(0));
+        assert_eq!(out.stdout, b"line one\nline two\nend\n");
+
+        // The command's timeout exits 124; sbx's own failures 125, as one line.
+        let out = sbx(&d, &["exec", id, "--timeout", "0.3", "--", "sleep", "600"]).await;
+        assert_eq!(out.status.code(), Some(124));
+        let out = sbx(&d, &["exec", id, "--", "/nonexistent"]).await;
+        assert_eq!(out.status.code(), Some(125));
+        assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+        assert!(
+            stderr(&out).starts_with("sbx: bad request: "),
+            "{}",
+            stderr(&out)
+        );
+        harness::assert_nothing_runs(&sandbox).await;
+        sandbox.release().await.unwrap();
+    })
+    .await
+}
+
+#[tokio::test]
+async fn run_releases_on_success_and_on_failure() {
+    let d = Daemon::start();
+    bounded(async {
+        let out = sbx(&d, &["run", "--", "echo", "hello"]).await;
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(out.stdout, b"hello\n");
+        assert!(d.root().list().await.unwrap().is_empty());
+
+        let out = sbx(
+            &d,
+            &[
+                "run",
+                "--template",
+                "host",
+                "--size",
+                "small",
+                "--",
+                "sh",
+                "-c",
+                "exit 3",
+            ],
+        )
+        .await;
+        assert_eq!(out.status.code(), Some(3));
+        assert!(d.root().list().await.unwrap().is_empty());
+
+        let out = sbx(&d, &["run", "--", "/nonexistent"]).await;
+        assert_eq!(out.status.code(), Some(125));
+        assert!(d.root().list().await.unwrap().is_empty());
+
+        // A claim that fails leaves nothing to release and says why.
+        let out = sbx(&d, &["run", "--template", "nope", "--", "true"]).await;
+        assert_eq!(out.status.code(), Some(125));
+        assert!(
+            stderr(&out).starts_with("sbx: bad request"),
+            "{}",
+            stderr(&out)
+        );
+    })
+    .await
+}
+
+#[tokio::test]
+async fn run_releases_on_interrupt() {
+    let d = Daemon::start();
+    bounded(async {
+        let mut child = Command::from(d.sbx())
+            .args(["run", "--", "sleep", "600"])
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        // Wait until the command runs in a claimed sandbox.
+        let start = Instant::now();
+        loop {
+            if let Some(s) = d.root().list().await.unwrap().first() {
+                if !running(&d.root().sandbox(&s.id)).await.is_empty() {
+                    break;
+                }
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "sbx run never ran sleep"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // SAFETY: signalling our own child, not yet reaped.
+        unsafe { libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGINT) };
+        let status = child.wait().await.unwrap();
+        assert_eq!(status.code(), Some(128 + libc::SIGINT));
+        assert!(d.root().list().await.unwrap().is_empty());
+    })
+    .await
+}
+
+#[tokio::test]
+async fn claim_ls_info_release() {
+    let d = Daemon::start();
+    bounded(async {
+        let out = sbx(&d, &["claim", "--ttl", "90", "--json"]).await;
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let claim: api::ClaimResponse = serde_json::from_slice(&out.stdout).unwrap();
+
+        let out = sbx(&d, &["ls"]).await;
+        let table = String::from_utf8(out.stdout).unwrap();
+        assert!(
+            table.lines().nth(1).unwrap().starts_with(&claim.id),
+            "{table}"
+        );
+        let out = sbx(&d, &["ls", "--json"]).await;
+        let list: api::SandboxList = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(list.sandboxes.len(), 1);
+
+        let out = sbx(&d, &["info"]).await;
+        let info: api::InfoResponse = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(info.claims.active, 1);
+        let out = sbx(&d, &["info", &claim.id]).await;
+        let one: api::SandboxSummary = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(one.id, claim.id);
+
+        let out = sbx(&d, &["renew", &claim.id, "--ttl", "200"]).await;
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        let out = sbx(&d, &["release", &claim.id]).await;
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        // Releasing again succeeds; renewing what is gone does not.
+        assert_eq!(
+            sbx(&d, &["release", &claim.id]).await.status.code(),
+            Some(0)
+        );
+        let out = sbx(&d, &["renew", &claim.id, "--ttl", "5"]).await;
+        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(stderr(&out), "sbx: not found\n");
+    })
+    .await
+}
+
+#[tokio::test]
+async fn errors_are_one_line() {
+    let d = Daemon::start_with(Limits {
+        tenant_max_claims: 0,
+        ..Limits::default()
+    });
+    bounded(async {
+        let out = sbx(&d, &["--token", "not-a-token-anyone-issued", "ls"]).await;
+        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(
+            stderr(&out),
+            "sbx: unauthorized: missing or unknown token\n"
+        );
+
+        let out = sbx(&d, &["--token", harness::TENANT, "claim"]).await;
+        assert_eq!(out.status.code(), Some(1));
+        assert!(
+            stderr(&out).starts_with("sbx: limit reached: "),
+            "{}",
+            stderr(&out)
+        );
+        assert_eq!(stderr(&out).lines().count(), 1);
+
+        let out = sbx(&d, &["--url", "unix:/nonexistent/sock", "ls"]).await;
+        assert_eq!(out.status.code(), Some(1));
+        assert!(
+            stderr(&out).starts_with("sbx: transport: "),
+            "{}",
+            stderr(&out)
+        );
+        assert!(
+            stderr(&out).contains("/nonexistent/sock"),
+            "{}",
+            stderr(&out)
+        );
+        assert_eq!(stderr(&out).lines().count(), 1);
+    })
+    .await
+}
+
+#[tokio::test]
+async fn quickstart_example_runs_and_matches_the_docs() {
+    let example = harness::example("quickstart");
+    let source = include_str!("../examples/quickstart.rs");
+    let docs = include_str!("../../docs/sdk.md");
+    assert!(
+        docs.contains(&format!("```rust\n{source}```")),
+        "docs/sdk.md must show examples/quickstart.rs verbatim in a ```rust block"
+    );
+
+    let d = Daemon::start();
+    bounded(async {
+        let out = Command::new(example)
+            .env("SANDBOXD_URL", &d.url)
+            .env("SANDBOXD_TOKEN", harness::ROOT)
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = String::from_utf8(out.stdout.clone()).unwrap();
+        assert!(text.starts_with("Linux "), "{text}");
+        assert!(
+            text.contains("HELLO FROM A SANDBOX\nexited: exit code 0\n"),
+            "{text}"
+        );
+        assert_eq!(stderr(&out), "done\n");
+        assert!(d.root().list().await.unwrap().is_empty());
+    })
+    .await
+}
