@@ -329,4 +329,51 @@ mod tests {
             );
         }
     }
+
+    /// A server on 127.0.0.1:0 answering every request with 200 and an empty JSON body,
+    /// counting the connections it accepts.
+    async fn counting_server() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = Arc::clone(&accepted);
+        tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await.unwrap();
+                count.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let service = hyper::service::service_fn(|_req| async {
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(Full::new(
+                            Bytes::from_static(b"{}"),
+                        )))
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(stream), service)
+                        .await;
+                });
+            }
+        });
+        (addr, accepted)
+    }
+
+    #[tokio::test]
+    async fn consecutive_requests_reuse_one_connection() {
+        let (addr, accepted) = counting_server().await;
+        let http = Http::new(Endpoint::parse(&addr).unwrap());
+        for _ in 0..5 {
+            let answer = http
+                .send(Method::POST, "/v1/x", Some("t"), Some(b"{}".to_vec()))
+                .await
+                .unwrap();
+            assert_eq!(answer.status, StatusCode::OK);
+        }
+        // Clones share the pool.
+        let clone = http.clone();
+        clone
+            .send(Method::GET, "/healthz", None, None)
+            .await
+            .unwrap();
+        assert_eq!(accepted.load(std::sync::atomic::Ordering::SeqCst), 1);
+    }
 }

@@ -90,6 +90,24 @@ async fn exec_streams_and_propagates_exit_codes() {
             "{}",
             stderr(&out)
         );
+
+        // A reader that goes away (`sbx exec ... yes | head`) ends the command: SIGPIPE.
+        let mut child = Command::from(d.sbx())
+            .args(["exec", id, "--", "yes"])
+            .stdout(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut stdout = child.stdout.take().unwrap();
+        let mut first = [0u8; 4];
+        tokio::io::AsyncReadExt::read_exact(&mut stdout, &mut first)
+            .await
+            .unwrap();
+        assert_eq!(&first, b"y\ny\n");
+        drop(stdout);
+        let status = child.wait().await.unwrap();
+        assert_eq!(status.code(), Some(128 + libc::SIGPIPE));
+
         harness::assert_nothing_runs(&sandbox).await;
         sandbox.release().await.unwrap();
     })

@@ -14,7 +14,6 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{Args, Parser, Subcommand};
 use sandbox_sdk::{ClaimOptions, Client, Command, Error, ExitStatus, Process, Sandbox};
-use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::sync::watch;
 
@@ -361,25 +360,26 @@ async fn stream(
             return Err(Stop::Signal(sig));
         }
     };
-    Ok(ended?)
+    ended
 }
 
-async fn copy_and_wait(process: &mut Process) -> Result<ExitStatus, Error> {
+/// Copies the command's output to ours until it ends, then waits for its status. When our
+/// stdout or stderr is closed (`sbx exec ... | head`), the command is killed, as SIGPIPE
+/// would end a local one, and sbx exits 128 + SIGPIPE.
+async fn copy_and_wait(process: &mut Process) -> Result<ExitStatus, Stop> {
     let mut out = process.take_stdout().expect("taken first");
     let mut err = process.take_stderr().expect("taken first");
-    let copy_out = async {
-        let mut stdout = tokio::io::stdout();
-        // A closed stdout (e.g. `| head`) must not stop us waiting for the command.
-        let _ = tokio::io::copy(&mut out, &mut stdout).await;
-        let _ = stdout.flush().await;
-    };
-    let copy_err = async {
-        let mut stderr = tokio::io::stderr();
-        let _ = tokio::io::copy(&mut err, &mut stderr).await;
-        let _ = stderr.flush().await;
-    };
-    let ((), (), status) = tokio::join!(copy_out, copy_err, process.wait());
-    status
+    let (mut stdout, mut stderr) = (tokio::io::stdout(), tokio::io::stderr());
+    // `copy` flushes once its reader ends.
+    let copied = tokio::try_join!(
+        tokio::io::copy(&mut out, &mut stdout),
+        tokio::io::copy(&mut err, &mut stderr),
+    );
+    if copied.is_err() {
+        process.kill().await?;
+        return Err(Stop::Signal(libc::SIGPIPE));
+    }
+    Ok(process.wait().await?)
 }
 
 /// SIGINT, SIGTERM and SIGHUP, caught from the start so that `run` always gets to
