@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -15,7 +16,7 @@ use hyper::upgrade::Upgraded;
 use hyper::{Method, Request, StatusCode, Uri};
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::client::legacy::Client as PooledClient;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
@@ -204,8 +205,12 @@ impl Http {
     /// A client for `endpoint`; no connection is made until the first request.
     pub(crate) fn new(endpoint: Endpoint) -> Http {
         let base = endpoint.base().into();
-        let client =
-            PooledClient::builder(TokioExecutor::new()).build(Connector(Arc::new(endpoint)));
+        // Idle connections are closed after 30 s, by a timer even when the client is not
+        // used again.
+        let client = PooledClient::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(Duration::from_secs(30))
+            .build(Connector(Arc::new(endpoint)));
         Http { client, base }
     }
 

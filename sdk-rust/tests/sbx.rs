@@ -1,4 +1,4 @@
-//! The `sbx` binary and the quick-start example against a real sandboxd: exit codes,
+//! The `sbx` binary and the examples against a real sandboxd: exit codes,
 //! stdin forwarding, release on success, failure and Ctrl-C, one-line errors.
 
 mod harness;
@@ -296,6 +296,29 @@ async fn quickstart_example_runs_and_matches_the_docs() {
             "{text}"
         );
         assert_eq!(stderr(&out), "done\n");
+        assert!(d.root().list().await.unwrap().is_empty());
+    })
+    .await
+}
+
+#[tokio::test]
+async fn stream_example_gives_up_and_leaves_nothing() {
+    let example = harness::example("stream");
+    let d = Daemon::start();
+    bounded(async {
+        let out = Command::new(example)
+            .env("SANDBOXD_URL", &d.url)
+            .env("SANDBOXD_TOKEN", harness::ROOT)
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = String::from_utf8(out.stdout.clone()).unwrap();
+        assert!(text.contains("\ntick 1\ntick 2\n"), "{text}");
+        assert!(
+            text.ends_with("gave up after 1s; killed\nstill running: 0\n"),
+            "{text}"
+        );
         assert!(d.root().list().await.unwrap().is_empty());
     })
     .await

@@ -3,8 +3,9 @@
 //! parsing, printing, exit codes and signals only.
 //!
 //! Exit codes: `exec` and `run` exit with the command's code (128 + signal when a signal
-//! ended it), 124 when its `--timeout` expired, 130/143 when sbx was interrupted, and 125
-//! when sbx itself failed. Other subcommands exit 1 on failure. Errors are one line on
+//! ended it), 124 when its `--timeout` expired, 130/143/129 when sbx was interrupted, 141
+//! when sbx's output was closed under it (the command is killed), and 125 when sbx itself
+//! failed. Other subcommands exit 1 on failure. Errors are one line on
 //! stderr.
 
 use std::future::Future;
@@ -434,7 +435,7 @@ async fn with_progress<T>(label: &str, work: impl Future<Output = T>) -> T {
     let start = Instant::now();
     let mut tick = tokio::time::interval_at(
         tokio::time::Instant::now() + Duration::from_secs(1),
-        Duration::from_millis(500),
+        Duration::from_secs(1),
     );
     tokio::pin!(work);
     let mut shown = false;
