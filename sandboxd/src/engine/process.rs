@@ -371,13 +371,23 @@ impl ProcessGuest {
         if self.destroyed.swap(true, Ordering::SeqCst) {
             return;
         }
-        self.kill_now();
+        // The namespace init first: its death takes the whole pid namespace, and bwrap,
+        // its parent, then reaps it and exits by itself. Killing bwrap first would orphan
+        // the init to the host's pid 1, which may never reap it.
+        let init = self.pids.lock().expect("pids lock").1;
+        if let Some(pid) = init {
+            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        }
         if let Some(mut child) = self.child.lock().await.take() {
-            if tokio::time::timeout(Duration::from_secs(5), child.wait())
-                .await
-                .is_err()
-            {
-                tracing::warn!(id = %self.id, "bwrap did not exit 5 s after SIGKILL");
+            let exited = tokio::time::timeout(Duration::from_secs(1), child.wait()).await;
+            if exited.is_err() {
+                self.kill_now();
+                if tokio::time::timeout(Duration::from_secs(5), child.wait())
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(id = %self.id, "bwrap did not exit 5 s after SIGKILL");
+                }
             }
         }
         let cgroup = self.cgroup.lock().expect("cgroup lock").take();
