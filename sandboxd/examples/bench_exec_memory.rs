@@ -94,9 +94,14 @@ fn rss_bytes(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
-async fn bench() -> Result<(), String> {
-    let bin = bin_dir();
-    build_binaries(&bin)?;
+/// A running sandboxd with its data dir.
+struct Running {
+    daemon: Daemon,
+    addr: SocketAddr,
+    _data: tempfile::TempDir,
+}
+
+async fn start_daemon(bin: &Path) -> Result<Running, String> {
     let data = tempfile::tempdir().map_err(|e| e.to_string())?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
@@ -140,7 +145,6 @@ max_in_flight = 256
         .spawn()
         .map_err(|e| format!("starting sandboxd: {e}"))?;
     let daemon = Daemon(child);
-    let pid = daemon.0.id();
     let start = Instant::now();
     while tokio::net::TcpStream::connect(addr).await.is_err() {
         if start.elapsed() > Duration::from_secs(10) {
@@ -148,10 +152,22 @@ max_in_flight = 256
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    wait_warm_n(addr, 4).await?;
+    Ok(Running {
+        daemon,
+        addr,
+        _data: data,
+    })
+}
+
+async fn bench() -> Result<(), String> {
+    let bin = bin_dir();
+    build_binaries(&bin)?;
 
     // 1. Warm claims: wait for a warm sandbox before each, so every claim is served warm.
+    let running = start_daemon(&bin).await?;
+    let addr = running.addr;
     let mut server_ms = Vec::new();
-    let mut sandboxes = Vec::new();
     for _ in 0..CLAIMS {
         wait_warm(addr).await?;
         let (status, headers, body) = request(addr, "POST", "/v1/claim", ROOT, "{}").await?;
@@ -166,17 +182,7 @@ max_in_flight = 256
             .ok_or("claim without Server-Timing")?;
         server_ms.push(timing);
         let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
-        sandboxes.push(v["id"].as_str().unwrap_or_default().to_string());
-    }
-    server_ms.sort_by(f64::total_cmp);
-    println!(
-        "warm claim server time over {CLAIMS} claims: median {:.3} ms, min {:.3} ms, max {:.3} ms",
-        server_ms[CLAIMS / 2],
-        server_ms[0],
-        server_ms[CLAIMS - 1]
-    );
-    let exec_sandbox = sandboxes.pop().ok_or("no sandbox")?;
-    for id in sandboxes {
+        let id = v["id"].as_str().unwrap_or_default();
         request(
             addr,
             "POST",
@@ -186,24 +192,40 @@ max_in_flight = 256
         )
         .await?;
     }
-    // Let the pool refill settle, then take the idle figure after one small exec.
-    wait_warm_n(addr, 4).await?;
-    let small = r#"{"argv":["true"]}"#;
-    request(
-        addr,
-        "POST",
-        &format!("/v1/sandboxes/{exec_sandbox}/exec"),
-        ROOT,
-        small,
-    )
-    .await?;
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(running);
+    server_ms.sort_by(f64::total_cmp);
+    println!(
+        "warm claim server time over {CLAIMS} claims: median {:.3} ms, min {:.3} ms, max {:.3} ms",
+        server_ms[CLAIMS / 2],
+        server_ms[0],
+        server_ms[CLAIMS - 1]
+    );
 
+    // 2. and 3.: each encoding against a fresh daemon, so "idle" really is idle.
     let mut failed = false;
     for encoding in ["utf8", "base64"] {
-        failed |= !exec_round(addr, pid, &exec_sandbox, encoding).await?;
+        let running = start_daemon(&bin).await?;
+        let addr = running.addr;
+        let (status, _, body) = request(addr, "POST", "/v1/claim", ROOT, "{}").await?;
+        if status != 200 {
+            return Err(format!("claim answered {status}"));
+        }
+        let v: serde_json::Value = serde_json::from_slice(&body).map_err(|e| e.to_string())?;
+        let id = v["id"].as_str().unwrap_or_default().to_string();
+        // Idle figure after the pool settled and one small exec warmed the allocator.
+        wait_warm_n(addr, 4).await?;
+        let small = r#"{"argv":["true"]}"#;
+        request(
+            addr,
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            ROOT,
+            small,
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        failed |= !exec_round(addr, running.daemon.0.id(), &id, encoding).await?;
     }
-    drop(daemon);
     if failed {
         return Err("a round failed (see above)".into());
     }
