@@ -103,10 +103,13 @@ impl Client {
         })
     }
 
-    /// A client from `SANDBOXD_URL` (default [`DEFAULT_URL`]) and `SANDBOXD_TOKEN` (none
-    /// when unset or empty).
+    /// A client from `SANDBOXD_URL` ([`DEFAULT_URL`] when unset or empty) and
+    /// `SANDBOXD_TOKEN` (none when unset or empty).
     pub fn from_env() -> Result<Client> {
-        let url = std::env::var("SANDBOXD_URL").unwrap_or_else(|_| DEFAULT_URL.to_string());
+        let url = std::env::var("SANDBOXD_URL")
+            .ok()
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| DEFAULT_URL.to_string());
         let client = Client::new(&url)?;
         Ok(match std::env::var("SANDBOXD_TOKEN") {
             Ok(token) if !token.is_empty() => client.with_token(token),

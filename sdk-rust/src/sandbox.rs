@@ -15,6 +15,9 @@ use crate::command::{Command, ExitStatus, Output};
 use crate::error::{Error, Result};
 use crate::process::Process;
 
+/// Largest request body sandboxd accepts (docs/api.md).
+const MAX_REQUEST_BODY: usize = 1024 * 1024;
+
 /// A relay connection: wire frames over the upgraded HTTP stream to a fresh silkd stream.
 pub(crate) type Relay = Framed<TokioIo<hyper::upgrade::Upgraded>, HostCodec>;
 
@@ -119,6 +122,14 @@ impl Sandbox {
             ));
         }
         let body = serde_json::to_vec(&cmd.exec_request()).expect("an exec body always serializes");
+        // sandboxd answers an oversized body with the same 413 as an output over the cap;
+        // refusing it here keeps `OutputTooLarge` meaning only the latter.
+        if body.len() > MAX_REQUEST_BODY {
+            return Err(Error::BadRequest(format!(
+                "the exec request is {} bytes; sandboxd accepts at most {MAX_REQUEST_BODY}",
+                body.len()
+            )));
+        }
         let answer: api::ExecResponse = self
             .client
             .call_retrying_busy(Method::POST, &self.path("exec"), self.token(), body)

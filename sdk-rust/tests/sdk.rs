@@ -304,6 +304,10 @@ async fn spawn_failures_are_typed() {
             .exec(&Command::from_argv(Vec::<String>::new()))
             .await;
         assert!(matches!(empty, Err(Error::BadRequest(_))), "{empty:?}");
+        let huge = sandbox
+            .exec(&Command::new("echo").arg("x".repeat(2 * 1024 * 1024)))
+            .await;
+        assert!(matches!(huge, Err(Error::BadRequest(_))), "{huge:?}");
         let stdin = sandbox.exec(&Command::new("cat").stdin(true)).await;
         assert!(matches!(stdin, Err(Error::BadRequest(_))), "{stdin:?}");
         sandbox.release().await.unwrap();
