@@ -541,3 +541,41 @@ async fn relay_speaks_wire_and_half_closes() {
     assert_eq!(status, 502);
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn listens_on_a_unix_socket() {
+    use http_body_util::{BodyExt, Empty};
+    use hyper_util::rt::TokioIo;
+
+    let tmp = tempfile::tempdir().unwrap();
+    let sock = tmp.path().join("api.sock");
+    let text = Setup {
+        warm: 0,
+        ..Setup::default()
+    }
+    .toml(tmp.path(), &format!("unix:{}", sock.display()));
+    let config = sandboxd::Config::parse(&text).unwrap();
+    let listener = sandboxd::Listener::bind(&config).await.unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(sandboxd::run(listener, config, async move {
+        let _ = stopped.await;
+    }));
+    let stream = tokio::net::UnixStream::connect(&sock).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get("/v1/info")
+        .header("host", "sandboxd")
+        .header("authorization", format!("Bearer {ROOT}"))
+        .body(Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    let info: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(info["engine"]["name"], "process");
+    let _ = stop.send(());
+    server.await.unwrap().unwrap();
+    assert!(!sock.exists(), "socket file removed on shutdown");
+}

@@ -283,3 +283,78 @@ async fn unreachable_guest_answers_502() {
     assert_eq!(r.status, 204);
     d.stop().await;
 }
+
+/// The cgroup path of `pid` for a v1 controller, from /proc/PID/cgroup.
+fn cgroup_of(pid: i32, controller: &str) -> Option<String> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+    text.lines().find_map(|l| {
+        let mut parts = l.splitn(3, ':');
+        let (_, ctls, path) = (parts.next()?, parts.next()?, parts.next()?);
+        ctls.split(',')
+            .any(|c| c == controller)
+            .then(|| path.to_string())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cgroup_limits_apply_or_are_reported() {
+    // Where the host has cgroup v1 controllers (this machine), a sandbox's processes sit
+    // in a group carrying the size's limits.
+    if std::path::Path::new("/sys/fs/cgroup/memory/cgroup.procs").exists() {
+        let d = Daemon::start(Setup::default()).await;
+        let (id, token) = d.claim().await;
+        let m = marker(5);
+        let addr = d.addr;
+        let body = json!({"argv": ["sleep", m.clone()], "timeout_seconds": 5}).to_string();
+        let path = format!("/v1/sandboxes/{id}/exec");
+        let running = tokio::spawn(async move {
+            common::call(addr, "POST", &path, Some(&token), Some(&body)).await
+        });
+        wait_running(&m).await;
+        let pid = common::procs_with(&m)[0];
+        let read = |ctl: &str, file: &str| {
+            let group = cgroup_of(pid, ctl).expect("in a cgroup");
+            assert!(group.starts_with("/sandboxd/"), "{ctl} group {group}");
+            std::fs::read_to_string(format!("/sys/fs/cgroup/{ctl}{group}/{file}"))
+                .unwrap()
+                .trim()
+                .to_string()
+        };
+        assert_eq!(
+            read("memory", "memory.limit_in_bytes"),
+            (256u64 << 20).to_string()
+        );
+        assert_eq!(read("pids", "pids.max"), "256");
+        assert_eq!(read("cpu", "cpu.cfs_quota_us"), "100000");
+        let info = d.info().await;
+        let warnings = info["engine"]["warnings"].to_string();
+        assert!(!warnings.contains("no memory limit"), "{warnings}");
+        d.call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/release"),
+            Some(ROOT),
+            None,
+        )
+        .await;
+        let _ = running.await;
+        assert_gone(&m).await;
+        d.stop().await;
+    }
+    // Without any hierarchy, sandboxes still run and /v1/info says which limits are off.
+    let empty = tempfile::tempdir().unwrap();
+    let d = Daemon::start(Setup {
+        cgroup_root: Some(empty.path().to_path_buf()),
+        ..Setup::default()
+    })
+    .await;
+    let (id, token) = d.claim().await;
+    assert_eq!(
+        d.exec(&id, &token, json!({"argv": ["true"]})).await.status,
+        200
+    );
+    let warnings = d.info().await["engine"]["warnings"].to_string();
+    for ctl in ["cpu", "memory", "pids"] {
+        assert!(warnings.contains(&format!("no {ctl} limit")), "{warnings}");
+    }
+    d.stop().await;
+}

@@ -61,6 +61,8 @@ pub struct Setup {
     pub default_ttl_seconds: u64,
     pub max_ttl_seconds: u64,
     pub tenants: bool,
+    /// `[process] cgroup_root`; the host's when absent.
+    pub cgroup_root: Option<PathBuf>,
 }
 
 impl Default for Setup {
@@ -76,6 +78,7 @@ impl Default for Setup {
             default_ttl_seconds: 60,
             max_ttl_seconds: 120,
             tenants: true,
+            cgroup_root: None,
         }
     }
 }
@@ -122,6 +125,12 @@ warm_max = {warm_max}
             "\n[exec]\nmax_output_bytes = {}\nmemory_budget_bytes = {}\nmax_in_flight = {}\n",
             self.max_output_bytes, self.memory_budget_bytes, self.max_in_flight
         ));
+        if let Some(root) = &self.cgroup_root {
+            t.push_str(&format!(
+                "\n[process]\ncgroup_root = \"{}\"\n",
+                root.display()
+            ));
+        }
         if self.tenants {
             t.push_str(&format!(
                 "\n[[tenants]]\nname = \"a\"\ntoken = \"{TENANT_A}\"\nmax_claims = 2\n\
