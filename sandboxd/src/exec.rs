@@ -32,6 +32,8 @@ use crate::metrics::Metrics;
 /// Raw bytes encoded per body chunk: a multiple of 3 so base64 needs no padding mid-body,
 /// and small so 50 concurrent bodies in flight stay far below the memory slack.
 const RAW_CHUNK: usize = 8190;
+/// Largest `timeout_seconds` accepted (one year).
+const MAX_TIMEOUT_SECONDS: f64 = 365.0 * 86_400.0;
 /// Slack over `timeout_seconds` for silkd's own timer to answer first.
 const TIMEOUT_GRACE: Duration = Duration::from_secs(1);
 
@@ -133,10 +135,12 @@ pub fn validate(req: &api::ExecRequest) -> Result<()> {
         return Err(Error::BadRequest("argv must not be empty".into()));
     }
     if let Some(t) = req.timeout_seconds {
-        if !t.is_finite() || t <= 0.0 {
-            return Err(Error::BadRequest(
-                "timeout_seconds must be a positive number".into(),
-            ));
+        // The upper bound keeps the value representable as a Duration and as silkd's
+        // `timeout_ms`; no sandbox lives that long anyway.
+        if !t.is_finite() || t <= 0.0 || t > MAX_TIMEOUT_SECONDS {
+            return Err(Error::BadRequest(format!(
+                "timeout_seconds must be a positive number up to {MAX_TIMEOUT_SECONDS}"
+            )));
         }
     }
     Ok(())
@@ -658,7 +662,7 @@ mod tests {
         assert!(validate(&ok).is_ok());
         let empty = api::ExecRequest::default();
         assert!(matches!(validate(&empty), Err(Error::BadRequest(_))));
-        for t in [-1.0, 0.0, f64::NAN] {
+        for t in [-1.0, 0.0, f64::NAN, f64::INFINITY, 1e20] {
             let r = api::ExecRequest {
                 timeout_seconds: Some(t),
                 ..ok.clone()
