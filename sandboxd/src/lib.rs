@@ -35,7 +35,7 @@ use std::time::Duration;
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 
@@ -156,7 +156,10 @@ async fn accept(listener: &Listener) -> std::io::Result<Box<dyn Conn>> {
 
 async fn serve(node: Arc<Node>, io: Box<dyn Conn>) {
     let service = service_fn(move |req| api::handle(node.clone(), req));
+    // The timer arms hyper's header read timeout (30 s), so idle half-open connections
+    // that never send a request head do not pile up.
     if let Err(e) = http1::Builder::new()
+        .timer(TokioTimer::new())
         .serve_connection(TokioIo::new(io), service)
         .with_upgrades()
         .await
