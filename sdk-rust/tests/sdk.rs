@@ -385,7 +385,15 @@ async fn error_variants_per_status() {
         let busy_sandbox = sandbox.clone();
         let holder =
             tokio::spawn(async move { busy_sandbox.exec(&Command::new("sleep").arg("1")).await });
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        // Wait until the holder's command runs: its exec holds the only slot.
+        let start = std::time::Instant::now();
+        while running(&sandbox).await.is_empty() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "holder never ran"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let no_retry = d
             .root()
             .with_busy_retries(0)

@@ -461,3 +461,42 @@ fn seconds_until(deadline: u64) -> i64 {
         .unwrap_or_default();
     deadline as i64 - now as i64
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_pairs_split_at_the_first_equals() {
+        assert_eq!(parse_env("A=b=c"), Ok(("A".into(), "b=c".into())));
+        assert_eq!(parse_env("EMPTY="), Ok(("EMPTY".into(), String::new())));
+        assert!(parse_env("NOVALUE").is_err());
+    }
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(finish(Ok(ExitStatus::Code(7))), 7);
+        assert_eq!(finish(Ok(ExitStatus::Code(256 + 3))), 3);
+        assert_eq!(finish(Ok(ExitStatus::Signal(9))), 137);
+        assert_eq!(finish(Err(Stop::Signal(libc::SIGINT))), 130);
+        assert_eq!(finish(Err(Stop::Failed(Error::Timeout))), EXIT_TIMEOUT);
+        assert_eq!(finish(Err(Stop::Failed(Error::NotFound))), EXIT_SBX_FAILED);
+    }
+
+    #[test]
+    fn command_line_shapes() {
+        let cli = Cli::try_parse_from([
+            "sbx", "exec", "sb-1", "-e", "K=V", "--", "sh", "-c", "exit 7",
+        ])
+        .unwrap();
+        let Cmd::Exec { id, run } = cli.command else {
+            panic!("not exec")
+        };
+        assert_eq!(id, "sb-1");
+        assert_eq!(run.argv, ["sh", "-c", "exit 7"]);
+        assert_eq!(run.env, [("K".to_string(), "V".to_string())]);
+        // The argv is required, after `--`.
+        assert!(Cli::try_parse_from(["sbx", "run"]).is_err());
+        assert!(Cli::try_parse_from(["sbx", "run", "--ttl", "5", "--", "true"]).is_ok());
+    }
+}
