@@ -127,13 +127,12 @@ pub async fn run(
     .await;
     connections.shutdown().await;
     if let Listener::Unix(l) = &listener {
-        if let Some(path) = l
+        let path = l
             .local_addr()
             .ok()
-            .and_then(|a| a.as_pathname().map(Into::into))
-        {
-            let _: std::path::PathBuf = path;
-            let _ = std::fs::remove_file(&path);
+            .and_then(|a| a.as_pathname().map(|p| p.to_path_buf()));
+        if let Some(path) = path {
+            let _ = std::fs::remove_file(path);
         }
     }
     tracing::info!("sandboxd stopped");
