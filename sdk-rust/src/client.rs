@@ -141,8 +141,8 @@ impl Client {
         &self.inner.url
     }
 
-    /// Claims a sandbox. Fails with [`Error::LimitReached`] at the node's or tenant's
-    /// `max_claims`, [`Error::BadRequest`] for an unknown template or size.
+    /// Claims a sandbox. Fails with [`Error::LimitReached`](crate::Error::LimitReached) at the node's or tenant's
+    /// `max_claims`, [`Error::BadRequest`](crate::Error::BadRequest) for an unknown template or size.
     pub async fn claim(&self, opts: ClaimOptions) -> Result<Sandbox> {
         let body = serde_json::to_vec(&opts.body).expect("a claim body always serializes");
         let claimed: api::ClaimResponse = self

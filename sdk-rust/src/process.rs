@@ -288,7 +288,10 @@ impl Pump {
     }
 
     fn launch(self: &Arc<Self>) {
-        let Some(state) = self.pending.lock().expect("pump lock").take() else {
+        // `pending` stays locked until the task is recorded, so a concurrent `stop` either
+        // finds the state (and nothing is launched) or finds the task to abort.
+        let mut pending = self.pending.lock().expect("pump lock");
+        let Some(state) = pending.take() else {
             return;
         };
         let task = tokio::spawn(pump(state, Arc::clone(self)));
@@ -296,7 +299,8 @@ impl Pump {
     }
 
     fn stop(&self) {
-        drop(self.pending.lock().expect("pump lock").take());
+        let mut pending = self.pending.lock().expect("pump lock");
+        drop(pending.take());
         if let Some(task) = self.task.lock().expect("pump lock").take() {
             task.abort();
         }
