@@ -205,11 +205,12 @@ impl Http {
     /// A client for `endpoint`; no connection is made until the first request.
     pub(crate) fn new(endpoint: Endpoint) -> Http {
         let base = endpoint.base().into();
-        // Idle connections are closed after 30 s, by a timer even when the client is not
-        // used again.
+        // Idle connections are closed after 20 s, by a timer even when the client is not
+        // used again: before sandboxd's 30 s header read timeout closes them, so a request
+        // never races the server closing the connection it was sent on.
         let client = PooledClient::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(Duration::from_secs(30))
+            .pool_idle_timeout(Duration::from_secs(20))
             .build(Connector(Arc::new(endpoint)));
         Http { client, base }
     }
