@@ -97,6 +97,9 @@ fn backoff(failures: u32) -> Duration {
     Duration::from_millis(500 << exp).min(Duration::from_secs(60))
 }
 
+/// How long shutdown waits for a pool worker before aborting it.
+const WORKER_STOP: Duration = Duration::from_secs(2);
+
 fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
@@ -428,8 +431,14 @@ impl Pools {
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
         let workers: Vec<_> = std::mem::take(&mut *self.workers.lock().expect("workers lock"));
-        for w in workers {
-            let _ = w.await;
+        for mut w in workers {
+            // A worker may be mid-build (a golden's warmup may take minutes): give it a
+            // moment, then abort it; dropping its futures drops the guests it was making,
+            // and a dropped guest kills its processes.
+            if tokio::time::timeout(WORKER_STOP, &mut w).await.is_err() {
+                w.abort();
+                let _ = w.await;
+            }
         }
         let idle: Vec<Arc<dyn Guest>> = {
             let mut pools = self.pools.lock().expect("pools lock");
