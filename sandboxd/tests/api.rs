@@ -579,3 +579,22 @@ async fn listens_on_a_unix_socket() {
     server.await.unwrap().unwrap();
     assert!(!sock.exists(), "socket file removed on shutdown");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_during_a_golden_build_is_bounded_and_clean() {
+    let m = marker(11);
+    let d = Daemon::start(Setup {
+        warmup: Some(format!(r#"["sleep", "{m}"]"#)),
+        ..Setup::default()
+    })
+    .await;
+    wait_running(&m).await;
+    let started = std::time::Instant::now();
+    d.stop().await;
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "stop took {:?}",
+        started.elapsed()
+    );
+    assert_gone(&m).await;
+}
