@@ -1,0 +1,222 @@
+//! Buffered exec against a scripted fake silkd (in-memory streams, paused clock): the
+//! answers real silkd rarely gives — `resource_exhausted`, `internal`, a command that never
+//! ends, a `Kill` that fails or is never answered — and that every give-up sends `Kill` for
+//! the right pid on a fresh stream before answering, within the 5 s bound.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use futures::{SinkExt, StreamExt};
+use sandboxd::api::status_of;
+use sandboxd::claims::{now_ms, Claims, Sandbox};
+use sandboxd::config::ExecConfig;
+use sandboxd::engine::{Guest, GuestStream};
+use sandboxd::exec::{self, Execs};
+use sandboxd::metrics::Metrics;
+use tokio_util::codec::Framed;
+use wire::{ErrorKind, GuestCodec, Request, Response};
+
+/// How the fake silkd answers.
+#[derive(Clone, Copy)]
+enum Script {
+    /// `Exec` → `Error{kind}`.
+    Refuse(ErrorKind),
+    /// `Exec` → `Started`, then silence; `Kill` → `Done`.
+    Hang,
+    /// `Exec` → `Started`, `Exit{timed_out: true}`.
+    SilkdTimeout,
+    /// `Exec` → `Started`, then 1 KiB `Stdout` frames forever.
+    Flood,
+    /// `Exec` → `Started`, then silence; `Kill` → `Error{internal}`.
+    HangKillRefused,
+    /// `Exec` → `Started`, then silence; `Kill` is never answered.
+    HangKillIgnored,
+}
+
+const PID: u32 = 4242;
+
+struct FakeGuest {
+    script: Script,
+    /// Pids of `Kill` requests, each received on its own connection.
+    kills: Arc<Mutex<Vec<u32>>>,
+    connections: Arc<Mutex<u32>>,
+}
+
+impl Guest for FakeGuest {
+    fn id(&self) -> &str {
+        "fake"
+    }
+
+    fn dial(&self) -> BoxFuture<'_, sandboxd::Result<GuestStream>> {
+        let (ours, theirs) = tokio::io::duplex(64 * 1024);
+        let (script, kills) = (self.script, self.kills.clone());
+        *self.connections.lock().unwrap() += 1;
+        tokio::spawn(async move {
+            let mut conn = Framed::new(theirs, GuestCodec::new());
+            while let Some(Ok(req)) = conn.next().await {
+                match req {
+                    Request::Exec { .. } => match script {
+                        Script::Refuse(kind) => {
+                            let _ = conn.send(Response::error(kind, "scripted")).await;
+                        }
+                        Script::SilkdTimeout => {
+                            let _ = conn.send(Response::Started { pid: PID }).await;
+                            let _ = conn
+                                .send(Response::Exit {
+                                    code: None,
+                                    signal: Some(9),
+                                    timed_out: true,
+                                })
+                                .await;
+                        }
+                        Script::Flood => {
+                            let _ = conn.send(Response::Started { pid: PID }).await;
+                            let data = vec![b'x'; 1024];
+                            while conn
+                                .send(Response::Stdout { data: data.clone() })
+                                .await
+                                .is_ok()
+                            {}
+                            return;
+                        }
+                        Script::Hang | Script::HangKillRefused | Script::HangKillIgnored => {
+                            let _ = conn.send(Response::Started { pid: PID }).await;
+                        }
+                    },
+                    Request::Kill { pid, .. } => {
+                        kills.lock().unwrap().push(pid);
+                        match script {
+                            Script::HangKillRefused => {
+                                let _ = conn
+                                    .send(Response::error(ErrorKind::Internal, "cannot kill"))
+                                    .await;
+                            }
+                            Script::HangKillIgnored => std::future::pending::<()>().await,
+                            _ => {
+                                let _ = conn.send(Response::Done).await;
+                            }
+                        }
+                    }
+                    other => panic!("fake silkd got {other:?}"),
+                }
+            }
+        });
+        Box::pin(async move { Ok(Box::new(ours) as GuestStream) })
+    }
+
+    fn destroy(&self) -> BoxFuture<'_, ()> {
+        Box::pin(async {})
+    }
+}
+
+struct Outcome {
+    status: u16,
+    kills: Vec<u32>,
+    connections: u32,
+    elapsed: Duration,
+}
+
+async fn run(script: Script, timeout_seconds: Option<f64>) -> Outcome {
+    let metrics = Arc::new(Metrics::new());
+    let spill = tempfile::tempdir().unwrap();
+    let config = ExecConfig {
+        max_output_bytes: 64 * 1024,
+        memory_budget_bytes: 1024 * 1024,
+        max_in_flight: 4,
+    };
+    let execs = Arc::new(Execs::new(&config, spill.path().to_path_buf(), metrics));
+    let kills = Arc::new(Mutex::new(Vec::new()));
+    let connections = Arc::new(Mutex::new(0));
+    let guest = Arc::new(FakeGuest {
+        script,
+        kills: kills.clone(),
+        connections: connections.clone(),
+    });
+    let claims = Claims::new(4, Default::default());
+    let slot = claims.reserve(None).unwrap();
+    let (sandbox, _token): (Arc<Sandbox>, String) =
+        claims.insert(slot, "t".into(), "s".into(), now_ms() + 60_000, guest);
+    let req = api::ExecRequest {
+        argv: vec!["cmd".into()],
+        timeout_seconds,
+        ..Default::default()
+    };
+    let started = tokio::time::Instant::now();
+    let admitted = execs.admit().unwrap();
+    let answer = exec::spawn(execs.clone(), admitted, sandbox, req)
+        .await
+        .expect("exec task answered");
+    let status = match answer {
+        Ok(_) => 200,
+        Err(e) => status_of(&e).as_u16(),
+    };
+    let kills = kills.lock().unwrap().clone();
+    let connections = *connections.lock().unwrap();
+    Outcome {
+        status,
+        kills,
+        connections,
+        elapsed: started.elapsed(),
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn silkd_refusals_map_to_statuses() {
+    for (kind, status) in [
+        (ErrorKind::ResourceExhausted, 503),
+        (ErrorKind::BadRequest, 400),
+        (ErrorKind::Internal, 502),
+        (ErrorKind::Unimplemented, 502),
+    ] {
+        let o = run(Script::Refuse(kind), None).await;
+        assert_eq!(o.status, status, "{kind:?}");
+        // Nothing started, so nothing to kill.
+        assert!(o.kills.is_empty());
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn sandboxd_timer_kills_a_command_silkd_never_ends() {
+    let o = run(Script::Hang, Some(1.0)).await;
+    assert_eq!(o.status, 504);
+    assert_eq!(o.kills, vec![PID]);
+    assert_eq!(o.connections, 2, "Kill travels on a fresh connection");
+    // timeout plus sandboxd's one second of grace for silkd's own timer.
+    assert!(o.elapsed >= Duration::from_secs(2) && o.elapsed < Duration::from_secs(3));
+}
+
+#[tokio::test(start_paused = true)]
+async fn silkd_timeout_still_gets_a_checked_kill() {
+    let o = run(Script::SilkdTimeout, Some(5.0)).await;
+    assert_eq!(o.status, 504);
+    assert_eq!(o.kills, vec![PID]);
+    assert!(o.elapsed < Duration::from_secs(1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn output_over_the_cap_is_killed_then_413() {
+    let o = run(Script::Flood, None).await;
+    assert_eq!(o.status, 413);
+    assert_eq!(o.kills, vec![PID]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_kill_is_checked_and_the_answer_still_comes() {
+    let o = run(Script::HangKillRefused, Some(1.0)).await;
+    assert_eq!(o.status, 504);
+    assert_eq!(o.kills, vec![PID]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unanswered_kill_is_bounded_by_five_seconds() {
+    let o = run(Script::HangKillIgnored, Some(1.0)).await;
+    assert_eq!(o.status, 504);
+    assert_eq!(o.kills, vec![PID]);
+    // 1 s timeout + 1 s grace + the 5 s bound on the Kill.
+    assert!(
+        o.elapsed >= Duration::from_secs(7) && o.elapsed < Duration::from_secs(8),
+        "{:?}",
+        o.elapsed
+    );
+}
