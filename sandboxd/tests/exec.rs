@@ -358,3 +358,35 @@ async fn cgroup_limits_apply_or_are_reported() {
     }
     d.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_warm_sandbox_that_died_is_not_handed_out() {
+    let d = Daemon::start(Setup::default()).await;
+    d.wait_pool(Duration::from_secs(10), "1 warm", |p| p["warm"] == 1)
+        .await;
+    // Kill the idle sandbox's outer bwrap (the daemon's child); --die-with-parent takes
+    // the rest of it down.
+    let ours = d.dir.display().to_string();
+    let outer: Vec<i32> = common::procs_with(&ours)
+        .into_iter()
+        .filter(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let ppid = stat
+                .rsplit_once(") ")
+                .and_then(|(_, r)| r.split(' ').nth(1))
+                .and_then(|p| p.parse::<u32>().ok());
+            ppid == Some(std::process::id())
+        })
+        .collect();
+    assert_eq!(outer.len(), 1, "one idle sandbox: {outer:?}");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(outer[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let (id, token) = d.claim().await;
+    let r = d.exec(&id, &token, json!({"argv": ["true"]})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    d.stop().await;
+}

@@ -59,6 +59,16 @@ pub trait Guest: Send + Sync + 'static {
     /// Kills the guest and everything in it, and frees its resources. Idempotent; safe to
     /// call while other tasks still hold streams (they see EOF).
     fn destroy(&self) -> BoxFuture<'_, ()>;
+    /// Why the guest died on its own (its VM or namespace init exited), once it has.
+    /// Cheap: no round trip to the guest.
+    fn failure(&self) -> Option<String> {
+        None
+    }
+    /// How the guest was made, for claim-tier metrics: `clone` (restored from a golden)
+    /// or `cold` (booted).
+    fn origin(&self) -> &'static str {
+        "cold"
+    }
 }
 
 /// A guest-making backend.
