@@ -433,7 +433,9 @@ impl Guest for ProcessGuest {
         // cannot be reused meanwhile: a zombie (or a missing entry) means the sandbox died.
         let bwrap = self.pids.lock().expect("pids lock").0?;
         let stat = std::fs::read_to_string(format!("/proc/{bwrap}/stat")).unwrap_or_default();
-        let state = stat.rsplit_once(") ").and_then(|(_, rest)| rest.chars().next());
+        let state = stat
+            .rsplit_once(") ")
+            .and_then(|(_, rest)| rest.chars().next());
         match state {
             Some('Z') | Some('X') | None => Some(format!(
                 "sandbox {} exited on its own (silkd or its namespace init died)",
