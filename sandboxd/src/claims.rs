@@ -47,15 +47,43 @@ impl Sandbox {
 
     /// Records that the guest is unreachable; exec and relay keep answering 502.
     pub fn mark_failed(&self, why: &str) {
+        let why = self.guest.failure().unwrap_or_else(|| why.to_string());
         self.failure
             .lock()
             .expect("failure lock")
-            .get_or_insert_with(|| why.to_string());
+            .get_or_insert(why);
+    }
+
+    /// Why the sandbox is unusable, if it is: a failure seen on its channel, or its
+    /// guest dying on its own (reported by the engine without a round trip).
+    pub fn failure(&self) -> Option<String> {
+        // The engine's own account (e.g. "QEMU exited ...") beats a channel symptom.
+        let seen = self.failure.lock().expect("failure lock").clone();
+        self.guest.failure().or(seen)
+    }
+
+    /// After a channel error: gives the engine a moment to confirm that the guest died
+    /// (its supervisor sees the exit a few ms after the channel drops), so the answer can
+    /// say what happened instead of "connection closed". Returns the failure, if any.
+    pub async fn settle_failure(&self) -> Option<String> {
+        for _ in 0..50 {
+            if let Some(f) = self.guest.failure() {
+                return Some(f);
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        self.failure()
+    }
+
+    /// The error to answer exec and relay with once the sandbox has failed.
+    pub fn failed_error(&self) -> Option<Error> {
+        self.failure()
+            .map(|f| Error::Guest(format!("sandbox {} has failed: {f}", self.id)))
     }
 
     /// The list row (never the token).
     pub fn summary(&self) -> api::SandboxSummary {
-        let error = self.failure.lock().expect("failure lock").clone();
+        let error = self.failure();
         api::SandboxSummary {
             id: self.id.clone(),
             template: self.template.clone(),

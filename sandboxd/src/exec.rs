@@ -165,7 +165,18 @@ pub fn spawn(
 ) -> oneshot::Receiver<Result<Finished>> {
     let (mut tx, rx) = oneshot::channel();
     tokio::spawn(async move {
-        let outcome = run(&execs, &sandbox, req, &mut tx).await;
+        let outcome = match sandbox.failed_error() {
+            Some(e) => Err(e),
+            None => run(&execs, &sandbox, req, &mut tx).await,
+        };
+        // A guest that died mid-exec shows as a closed channel; say what really happened.
+        let outcome = match outcome {
+            Err(e @ (Error::Guest(_) | Error::Wire(_))) => match sandbox.settle_failure().await {
+                Some(_) => Err(sandbox.failed_error().expect("settled")),
+                None => Err(e),
+            },
+            other => other,
+        };
         drop(admitted);
         let _ = tx.send(outcome);
     });

@@ -92,6 +92,9 @@ pub struct Pools {
 }
 
 /// Exponential backoff after `failures` consecutive failures: 0.5 s doubling to 60 s.
+/// How often a full pool looks for idle guests that died on their own.
+const IDLE_CHECK: Duration = Duration::from_secs(1);
+
 fn backoff(failures: u32) -> Duration {
     let exp = failures.saturating_sub(1).min(7);
     Duration::from_millis(500 << exp).min(Duration::from_secs(60))
@@ -469,9 +472,13 @@ impl Pools {
         let mut failures = 0u32;
         while !self.shutdown.is_cancelled() {
             let Some((golden, want, surplus)) = self.with_pool(&key, |p| {
+                // Idle guests that died on their own are dropped, and replaced below.
+                let (mut dead, alive): (Vec<_>, Vec<_>) =
+                    p.idle.drain(..).partition(|g| g.failure().is_some());
+                p.idle.extend(alive);
                 let have = p.idle.len() as u32;
-                let surplus: Vec<_> = (p.target..have).filter_map(|_| p.idle.pop_back()).collect();
-                (p.golden, p.target.saturating_sub(have), surplus)
+                dead.extend((p.target..have).filter_map(|_| p.idle.pop_back()));
+                (p.golden, p.target.saturating_sub(have), dead)
             }) else {
                 return;
             };
@@ -497,6 +504,8 @@ impl Pools {
                 tokio::select! {
                     _ = wake.notified() => {}
                     _ = self.shutdown.cancelled() => {}
+                    // Re-check now and then for idle guests that died.
+                    () = tokio::time::sleep(IDLE_CHECK) => {}
                 }
                 continue;
             }

@@ -35,9 +35,19 @@ pub async fn start(
     sandbox: &Sandbox,
     mut req: Request<Incoming>,
 ) -> Result<hyper::Response<crate::api::Body>> {
-    let mut guest_stream = sandbox.guest.dial().await.inspect_err(|e| {
-        sandbox.mark_failed(&e.to_string());
-    })?;
+    if let Some(e) = sandbox.failed_error() {
+        return Err(e);
+    }
+    let mut guest_stream = match sandbox.guest.dial().await {
+        Ok(s) => s,
+        Err(e) => {
+            sandbox.mark_failed(&e.to_string());
+            return Err(match sandbox.settle_failure().await {
+                Some(_) => sandbox.failed_error().expect("settled"),
+                None => e,
+            });
+        }
+    };
     let upgrade = hyper::upgrade::on(&mut req);
     let id = sandbox.id.clone();
     tokio::spawn(async move {

@@ -39,6 +39,11 @@ fn image_dir() -> PathBuf {
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn require_qemu() {
+    // `RUST_LOG=info cargo test ... -- --nocapture` shows the daemon's logs.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
     let ok = std::process::Command::new("qemu-system-x86_64")
         .arg("--version")
         .output()
@@ -94,7 +99,10 @@ async fn exec(d: &Daemon, id: &str, token: &str, argv: &[&str]) -> Value {
 }
 
 fn stdout(v: &Value) -> String {
-    v["stdout"].as_str().unwrap_or_else(|| panic!("no text stdout: {v}")).to_string()
+    v["stdout"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no text stdout: {v}"))
+        .to_string()
 }
 
 fn sha256_file(p: &Path) -> String {
@@ -111,7 +119,11 @@ fn golden_memory_files(mem_dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Opens the relay (`Upgrade: silkd`) and returns a framed wire connection.
-async fn relay(d: &Daemon, id: &str, token: &str) -> Framed<TokioIo<hyper::upgrade::Upgraded>, HostCodec> {
+async fn relay(
+    d: &Daemon,
+    id: &str,
+    token: &str,
+) -> Framed<TokioIo<hyper::upgrade::Upgraded>, HostCodec> {
     let stream = tokio::net::TcpStream::connect(d.addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
@@ -180,7 +192,10 @@ async fn golden_clones_identity_exec_relay_kill() {
         let out = stdout(r);
         let lines: Vec<&str> = out.lines().collect();
         assert_eq!(lines.len(), 5, "{out}");
-        assert_eq!(lines[0], "golden-marker", "warmup marker missing in a clone");
+        assert_eq!(
+            lines[0], "golden-marker",
+            "warmup marker missing in a clone"
+        );
         assert_eq!(lines[1], kernel);
         let guest_now: i64 = lines[3].parse().unwrap();
         assert!(
@@ -194,15 +209,27 @@ async fn golden_clones_identity_exec_relay_kill() {
     assert_ne!(uuids[0], uuids[1], "clones share their randomness");
 
     // Clones write memory: 64 MiB each, then the golden file must be byte-identical.
-    let fill = ["sh", "-c", "head -c 67108864 /dev/urandom > /tmp/fill && sync && echo ok"];
+    let fill = [
+        "sh",
+        "-c",
+        "head -c 67108864 /dev/urandom > /tmp/fill && sync && echo ok",
+    ];
     let (fa, fb) = tokio::join!(exec(&d, &ida, &toka, &fill), exec(&d, &idb, &tokb, &fill));
     assert_eq!(stdout(&fa), "ok\n");
     assert_eq!(stdout(&fb), "ok\n");
-    assert_eq!(sha256_file(&mems[0]), golden_sha, "a clone altered the golden memory file");
+    assert_eq!(
+        sha256_file(&mems[0]),
+        golden_sha,
+        "a clone altered the golden memory file"
+    );
 
     // Exact bytes through buffered exec.
     let bin = d
-        .exec(&ida, &toka, json!({ "argv": ["head", "-c", "4096", "/bin/busybox"] }))
+        .exec(
+            &ida,
+            &toka,
+            json!({ "argv": ["head", "-c", "4096", "/bin/busybox"] }),
+        )
         .await
         .json();
     let ours = {
@@ -228,27 +255,46 @@ async fn golden_clones_identity_exec_relay_kill() {
         other => panic!("expected Started, got {other:?}"),
     };
     let mut second = relay(&d, &ida, &toka).await;
-    second.send(Request::Kill { pid, signal: None }).await.unwrap();
+    second
+        .send(Request::Kill { pid, signal: None })
+        .await
+        .unwrap();
     assert_eq!(second.next().await.unwrap().unwrap(), Response::Done);
-    match tokio::time::timeout(Duration::from_secs(20), first.next()).await.unwrap() {
-        Some(Ok(Response::Exit { signal: Some(9), .. })) => {}
+    match tokio::time::timeout(Duration::from_secs(20), first.next())
+        .await
+        .unwrap()
+    {
+        Some(Ok(Response::Exit {
+            signal: Some(9), ..
+        })) => {}
         other => panic!("expected Exit by SIGKILL, got {other:?}"),
     }
     second.send(Request::Ps).await.unwrap();
     let Some(Ok(Response::Procs { procs })) = second.next().await else {
         panic!("expected Procs")
     };
-    assert!(procs.iter().all(|p| p.state == wire::ProcState::Exited), "{procs:?}");
+    assert!(
+        procs.iter().all(|p| p.state == wire::ProcState::Exited),
+        "{procs:?}"
+    );
 
     for (id, tok) in [(&ida, &toka), (&idb, &tokb)] {
         let r = d
-            .call("POST", &format!("/v1/sandboxes/{id}/release"), Some(tok), None)
+            .call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/release"),
+                Some(tok),
+                None,
+            )
             .await;
         assert_eq!(r.status, 204);
     }
     d.stop().await;
     let left = procs_with(&data.to_string_lossy());
-    assert!(left.is_empty(), "QEMU left running after shutdown: {left:?}");
+    assert!(
+        left.is_empty(),
+        "QEMU left running after shutdown: {left:?}"
+    );
 }
 
 fn base64_std(bytes: &[u8]) -> String {
@@ -294,20 +340,32 @@ no_balloon = true
         if ready {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(120), "pools not ready: {info}");
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "pools not ready: {info}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     // virtio device id 5 is the balloon.
     let probe = ["sh", "-c", "cat /sys/bus/virtio/devices/*/device"];
     for (size, want) in [("small", true), ("tiny", false)] {
         let r = d
-            .call("POST", "/v1/claim", Some(ROOT), Some(&json!({ "size": size }).to_string()))
+            .call(
+                "POST",
+                "/v1/claim",
+                Some(ROOT),
+                Some(&json!({ "size": size }).to_string()),
+            )
             .await;
         assert_eq!(r.status, 200, "{}", r.text());
         let v = r.json();
         let (id, tok) = (v["id"].as_str().unwrap(), v["token"].as_str().unwrap());
         let out = stdout(&exec(&d, id, tok, &probe).await);
-        assert_eq!(out.lines().any(|l| l.trim() == "0x0005"), want, "size {size}: {out}");
+        assert_eq!(
+            out.lines().any(|l| l.trim() == "0x0005"),
+            want,
+            "size {size}: {out}"
+        );
     }
     d.stop().await;
 }
@@ -323,15 +381,24 @@ async fn killed_qemu_fails_its_sandbox_and_the_pool_refills() {
     let pools = "[[pools]]\ntemplate = \"base\"\nsize = \"small\"\nwarm = 1\nwarm_max = 2\n";
     let text = config(&data, &mem_dir, "127.0.0.1:0", pools);
     let d = Daemon::start_text(&data, &text).await;
-    d.wait_pool(Duration::from_secs(120), "one warm clone", |p| p["warm"] == 1)
-        .await;
+    d.wait_pool(Duration::from_secs(120), "one warm clone", |p| {
+        p["warm"] == 1
+    })
+    .await;
     let (id, tok) = d.claim().await;
     let host = stdout(&exec(&d, &id, &tok, &["hostname"]).await);
-    let guest_id = host.trim().strip_prefix("sbx-").expect("sbx- hostname").to_string();
+    let guest_id = host
+        .trim()
+        .strip_prefix("sbx-")
+        .expect("sbx- hostname")
+        .to_string();
     let qemu = procs_with(&format!("qemu/run/{guest_id}"));
     assert_eq!(qemu.len(), 1, "the sandbox's QEMU: {qemu:?}");
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(qemu[0]), nix::sys::signal::Signal::SIGKILL)
-        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(qemu[0]),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
     // Exec answers 502 with a clear message; the list shows the sandbox failed.
     let start = Instant::now();
     loop {
@@ -341,10 +408,17 @@ async fn killed_qemu_fails_its_sandbox_and_the_pool_refills() {
             assert!(msg.contains("QEMU exited"), "{msg}");
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(10), "exec still {}", r.status);
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "exec still {}",
+            r.status
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let list = d.call("GET", "/v1/sandboxes", Some(ROOT), None).await.json();
+    let list = d
+        .call("GET", "/v1/sandboxes", Some(ROOT), None)
+        .await
+        .json();
     let row = list["sandboxes"]
         .as_array()
         .unwrap()
@@ -354,11 +428,20 @@ async fn killed_qemu_fails_its_sandbox_and_the_pool_refills() {
         .clone();
     assert_eq!(row["state"], "failed", "{row}");
     // The pool refills and a new claim works.
-    d.wait_pool(Duration::from_secs(120), "refill", |p| p["warm"] == 1).await;
+    d.wait_pool(Duration::from_secs(120), "refill", |p| p["warm"] == 1)
+        .await;
     let (id2, tok2) = d.claim().await;
-    assert_eq!(stdout(&exec(&d, &id2, &tok2, &["echo", "alive"]).await), "alive\n");
+    assert_eq!(
+        stdout(&exec(&d, &id2, &tok2, &["echo", "alive"]).await),
+        "alive\n"
+    );
     let r = d
-        .call("POST", &format!("/v1/sandboxes/{id}/release"), Some(&tok), None)
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/release"),
+            Some(&tok),
+            None,
+        )
         .await;
     assert_eq!(r.status, 204);
     d.stop().await;
@@ -405,7 +488,10 @@ async fn sigterm_leaves_no_qemu_running() {
     }
     let r = call(addr, "POST", "/v1/claim", Some(ROOT), Some("{}")).await;
     assert_eq!(r.status, 200);
-    assert!(procs_with(&data.to_string_lossy()).len() >= 2, "QEMUs should run");
+    assert!(
+        procs_with(&data.to_string_lossy()).len() >= 2,
+        "QEMUs should run"
+    );
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,

@@ -137,8 +137,10 @@ fn bring_up_loopback() -> std::io::Result<()> {
     result
 }
 
-/// udev is absent: create `/dev/virtio-ports/<name>` → `/dev/vportNpM` ourselves.
-fn link_virtio_ports() {
+/// udev is absent: create `/dev/virtio-ports/<name>` → `/dev/vportNpM` ourselves. Ports
+/// appear a few ms after `virtio_console` loads, so the serial listener calls this again
+/// while it waits for its port.
+pub fn link_virtio_ports() {
     let Ok(dir) = std::fs::read_dir("/sys/class/virtio-ports") else {
         return;
     };

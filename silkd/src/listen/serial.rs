@@ -83,6 +83,9 @@ async fn open_port(path: &Path) -> Result<OwnedFd> {
                 return Ok(fd);
             }
             Err(e) if waited < Duration::from_secs(10) => {
+                if path.starts_with("/dev/virtio-ports") {
+                    crate::init::link_virtio_ports();
+                }
                 if waited.is_zero() {
                     tracing::info!("waiting for {}: {e}", path.display());
                 }

@@ -250,6 +250,7 @@ impl QemuEngine {
             guest.kill_and_clean().await;
             return Err(e);
         }
+        guest.cloned.store(true, Ordering::Relaxed);
         Ok(guest)
     }
 }
@@ -408,6 +409,7 @@ pub struct QemuGuest {
     exited: watch::Receiver<bool>,
     failure: Arc<Mutex<Option<String>>>,
     destroying: AtomicBool,
+    cloned: AtomicBool,
 }
 
 impl QemuGuest {
@@ -424,6 +426,7 @@ impl QemuGuest {
             exited: exited_rx,
             failure: failure.clone(),
             destroying: AtomicBool::new(false),
+            cloned: AtomicBool::new(false),
         });
         let id = guest.id.clone();
         tokio::spawn(async move {
@@ -509,6 +512,18 @@ impl Guest for QemuGuest {
 
     fn destroy(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.kill_and_clean())
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.failure.lock().expect("failure lock").clone()
+    }
+
+    fn origin(&self) -> &'static str {
+        if self.cloned.load(Ordering::Relaxed) {
+            "clone"
+        } else {
+            "cold"
+        }
     }
 }
 
