@@ -3,15 +3,20 @@
 //!
 //! A virtio-serial port survives host disconnects and may deliver bytes from an earlier
 //! session to the next one (a guest write blocked while the host was away completes
-//! later). So each session starts with a line-based handshake carrying a fresh nonce:
-//! the guest discards input until it sees `HELLO`, the host discards input until it sees
-//! `READY` with its own nonce. Nothing from before the handshake is ever delivered.
+//! later; a restored clone may still be inside its golden's session). So each session
+//! starts with a line-based handshake carrying a fresh nonce:
 //!
 //! ```text
 //! host → guest: "\nSILKD-HELLO v1 nonce=<32 hex> time_ns=<u64> entropy=<64 hex> hostname=<name>\n"
+//!               (resent every 250 ms until READY arrives)
 //! guest → host: "\nSILKD-READY v1 nonce=<32 hex>\n"
+//! host → guest: "\nSILKD-GO v1 nonce=<32 hex>\n"
 //! ```
-//! Then both sides run yamux over the same bytes: host = client, guest = server.
+//! The guest discards input until a HELLO, answers READY, then discards input (duplicate
+//! HELLOs) until the GO with its nonce. The host discards input until the READY with its
+//! nonce. Resending covers a guest that swallowed the first HELLO in a stale session (a
+//! restored clone still running its golden's yamux); GO fences the resends off from the
+//! yamux bytes that follow. Then both sides run yamux: host = client, guest = server.
 //!
 //! This module does no I/O of its own: it runs on whatever `AsyncRead + AsyncWrite` it
 //! is given.
@@ -19,13 +24,17 @@
 use std::future::Future;
 use std::io;
 use std::task::Poll;
+use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::compat::{Compat, FuturesAsyncReadCompatExt, TokioAsyncReadCompatExt};
 
 const HELLO_MAGIC: &[u8] = b"\nSILKD-HELLO v1 ";
 const READY_MAGIC: &[u8] = b"\nSILKD-READY v1 nonce=";
+const GO_MAGIC: &[u8] = b"\nSILKD-GO v1 nonce=";
+/// How often the host repeats its HELLO until the guest answers.
+const HELLO_RESEND: Duration = Duration::from_millis(250);
 /// Longest handshake line accepted after its magic.
 const MAX_LINE: usize = 512;
 
@@ -116,63 +125,124 @@ fn unhex<const N: usize>(s: &str) -> io::Result<[u8; N]> {
     Ok(out)
 }
 
-/// Reads until `magic` has been seen, discarding everything before it, then returns the
-/// rest of the line (without `\n`). EOF before that is `UnexpectedEof`.
-async fn read_after_magic<R: AsyncRead + Unpin>(io: &mut R, magic: &[u8]) -> io::Result<String> {
-    let mut matched = 0;
-    let mut byte = [0u8; 1];
-    loop {
-        io.read_exact(&mut byte).await?;
-        if byte[0] == magic[matched] {
-            matched += 1;
-            if matched == magic.len() {
-                break;
-            }
-        } else {
-            // The magic starts with '\n' and has no other '\n', so restarting is exact.
-            matched = usize::from(byte[0] == magic[0]);
-        }
-    }
-    let mut line = Vec::new();
-    loop {
-        io.read_exact(&mut byte).await?;
-        if byte[0] == b'\n' {
-            break;
-        }
-        if line.len() == MAX_LINE {
-            return Err(bad("line too long"));
-        }
-        line.push(byte[0]);
-    }
-    String::from_utf8(line).map_err(|_| bad("not UTF-8"))
+/// Finds `magic` in a byte stream and collects the rest of its line. Keeps its state
+/// between bytes, so the reading around it may be cancelled and resumed.
+struct LineScanner {
+    magic: &'static [u8],
+    matched: usize,
+    line: Vec<u8>,
 }
 
-/// Guest side: waits for the host's `HELLO` (skipping stale bytes), answers `READY`, and
-/// returns the hello for the caller to apply (clock, entropy, hostname).
-pub async fn guest_handshake<S: AsyncRead + AsyncWrite + Unpin>(io: &mut S) -> io::Result<Hello> {
-    let hello = Hello::parse(&read_after_magic(io, HELLO_MAGIC).await?)?;
+impl LineScanner {
+    fn new(magic: &'static [u8]) -> Self {
+        LineScanner {
+            magic,
+            matched: 0,
+            line: Vec::new(),
+        }
+    }
+
+    /// Feeds one byte; returns the line (without `\n`) once it is complete.
+    fn feed(&mut self, byte: u8) -> io::Result<Option<String>> {
+        if self.matched < self.magic.len() {
+            if byte == self.magic[self.matched] {
+                self.matched += 1;
+            } else {
+                // Every magic starts with '\n' and has no other: restarting is exact.
+                self.matched = usize::from(byte == self.magic[0]);
+            }
+            return Ok(None);
+        }
+        if byte == b'\n' {
+            self.matched = 0;
+            let line = std::mem::take(&mut self.line);
+            return String::from_utf8(line)
+                .map(Some)
+                .map_err(|_| bad("not UTF-8"));
+        }
+        if self.line.len() == MAX_LINE {
+            return Err(bad("line too long"));
+        }
+        self.line.push(byte);
+        Ok(None)
+    }
+}
+
+/// Reads one byte; EOF is an error.
+async fn read_byte<R: AsyncRead + Unpin>(io: &mut R) -> io::Result<u8> {
+    let mut byte = [0u8; 1];
+    if io.read(&mut byte).await? == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "channel closed during the handshake",
+        ));
+    }
+    Ok(byte[0])
+}
+
+/// Reads until a complete `magic` line; returns the rest of that line.
+async fn read_line_after<R: AsyncRead + Unpin>(
+    io: &mut R,
+    magic: &'static [u8],
+) -> io::Result<String> {
+    let mut scan = LineScanner::new(magic);
+    loop {
+        if let Some(line) = scan.feed(read_byte(io).await?)? {
+            return Ok(line);
+        }
+    }
+}
+
+/// Guest side: waits for the host's `HELLO` (skipping stale bytes), answers `READY`,
+/// waits for `GO`, and returns the hello for the caller to apply (clock, entropy,
+/// hostname) and the stream to run yamux on (it may hold bytes read ahead).
+pub async fn guest_handshake<S: AsyncRead + AsyncWrite + Unpin>(
+    io: S,
+) -> io::Result<(Hello, BufReader<S>)> {
+    let mut io = BufReader::new(io);
+    let hello = Hello::parse(&read_line_after(&mut io, HELLO_MAGIC).await?)?;
+    let nonce = hex(&hello.nonce);
     let mut ready = READY_MAGIC.to_vec();
-    ready.extend_from_slice(hex(&hello.nonce).as_bytes());
+    ready.extend_from_slice(nonce.as_bytes());
     ready.push(b'\n');
     io.write_all(&ready).await?;
     io.flush().await?;
-    Ok(hello)
+    while read_line_after(&mut io, GO_MAGIC).await? != nonce {}
+    Ok((hello, io))
 }
 
-/// Host side: sends `hello`, then waits for `READY` carrying the same nonce, skipping
-/// anything an earlier session left in the channel.
+/// Host side: sends `hello` (again every 250 ms) until `READY` carrying its nonce comes
+/// back, skipping anything an earlier session left in the channel, then sends `GO`.
+/// Returns the stream to run yamux on (it may hold bytes read ahead).
 pub async fn host_handshake<S: AsyncRead + AsyncWrite + Unpin>(
-    io: &mut S,
+    io: S,
     hello: &Hello,
-) -> io::Result<()> {
-    io.write_all(&hello.to_bytes()).await?;
-    io.flush().await?;
+) -> io::Result<BufReader<S>> {
+    let mut io = BufReader::new(io);
     let want = hex(&hello.nonce);
-    loop {
-        if read_after_magic(io, READY_MAGIC).await? == want {
-            return Ok(());
+    let mut scan = LineScanner::new(READY_MAGIC);
+    'resend: loop {
+        io.write_all(&hello.to_bytes()).await?;
+        io.flush().await?;
+        let resend = tokio::time::sleep(HELLO_RESEND);
+        tokio::pin!(resend);
+        loop {
+            tokio::select! {
+                byte = read_byte(&mut io) => {
+                    if scan.feed(byte?)?.is_some_and(|nonce| nonce == want) {
+                        break 'resend;
+                    }
+                }
+                () = &mut resend => continue 'resend,
+            }
         }
     }
+    let mut go = GO_MAGIC.to_vec();
+    go.extend_from_slice(want.as_bytes());
+    go.push(b'\n');
+    io.write_all(&go).await?;
+    io.flush().await?;
+    Ok(io)
 }
 
 /// A yamux stream as a tokio `AsyncRead + AsyncWrite`.

@@ -31,11 +31,8 @@ async fn handshake_skips_stale_bytes_both_ways() {
     guest.write_all(hex32(9).as_bytes()).await.unwrap();
     guest.write_all(b"\n more junk").await.unwrap();
     let sent = hello(1);
-    let guest_side = tokio::spawn(async move {
-        let got = guest_handshake(&mut guest).await.unwrap();
-        (got, guest)
-    });
-    host_handshake(&mut host, &sent).await.unwrap();
+    let guest_side = tokio::spawn(async move { guest_handshake(guest).await.unwrap() });
+    let _host = host_handshake(host, &sent).await.unwrap();
     let (got, _guest) = guest_side.await.unwrap();
     assert_eq!(got, sent);
 }
@@ -61,6 +58,26 @@ async fn handshake_rejects_bad_fields() {
 }
 
 #[tokio::test]
+async fn a_swallowed_hello_is_resent_and_duplicates_never_reach_the_mux() {
+    let (host, mut guest) = tokio::io::duplex(1 << 16);
+    let host_side = tokio::spawn(async move { host_handshake(host, &hello(4)).await });
+    // A stale session inside the guest eats the first HELLO whole.
+    let mut first = vec![0u8; hello(4).to_bytes().len()];
+    guest.read_exact(&mut first).await.unwrap();
+    assert_eq!(first, hello(4).to_bytes());
+    // Let a resend or two pile up before the guest starts listening again.
+    tokio::time::sleep(std::time::Duration::from_millis(600)).await;
+    let (got, mut guest) = guest_handshake(guest).await.unwrap();
+    assert_eq!(got, hello(4));
+    let mut host = host_side.await.unwrap().unwrap();
+    // After GO, the guest sees exactly what the host sends next: no leftover HELLO.
+    host.write_all(b"\x00yamux").await.unwrap();
+    let mut next = [0u8; 6];
+    guest.read_exact(&mut next).await.unwrap();
+    assert_eq!(&next, b"\x00yamux");
+}
+
+#[tokio::test]
 async fn handshake_eof_is_an_error_not_a_hang() {
     let (host, mut guest) = tokio::io::duplex(64);
     drop(host);
@@ -72,9 +89,9 @@ async fn handshake_eof_is_an_error_not_a_hang() {
 
 #[tokio::test]
 async fn mux_carries_concurrent_rpc_streams() {
-    let (mut host, mut guest) = tokio::io::duplex(1 << 16);
+    let (host, guest) = tokio::io::duplex(1 << 16);
     let server = tokio::spawn(async move {
-        guest_handshake(&mut guest).await.unwrap();
+        let (_hello, guest) = guest_handshake(guest).await.unwrap();
         mux_server(guest, |stream| {
             tokio::spawn(async move {
                 // Echo server speaking frames: answers each Stdin with Stdout.
@@ -87,7 +104,7 @@ async fn mux_carries_concurrent_rpc_streams() {
         })
         .await
     });
-    host_handshake(&mut host, &hello(3)).await.unwrap();
+    let host = host_handshake(host, &hello(3)).await.unwrap();
     let (opener, driver) = mux_client(host);
     let driver = tokio::spawn(driver);
     let mut tasks = Vec::new();

@@ -57,8 +57,8 @@ pub async fn serve(path: PathBuf, table: Arc<ProcessTable>) -> Result<()> {
     }
 }
 
-async fn run_session(mut io: SerialIo, table: &Arc<ProcessTable>) -> std::io::Result<()> {
-    let hello = wire::session::guest_handshake(&mut io).await?;
+async fn run_session(io: SerialIo, table: &Arc<ProcessTable>) -> std::io::Result<()> {
+    let (hello, io) = wire::session::guest_handshake(io).await?;
     crate::init::apply_hello(&hello);
     let table = table.clone();
     wire::session::mux_server(io, move |stream| {

@@ -22,17 +22,16 @@ impl Channel {
     /// hello waits in the socket until silkd opens its port).
     pub async fn open(socket: &Path, hostname: &str, within: Duration) -> Result<Channel> {
         let attempt = async {
-            let mut stream = loop {
+            let stream = loop {
                 match UnixStream::connect(socket).await {
                     Ok(s) => break s,
                     Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
                 }
             };
             let hello = fresh_hello(hostname);
-            host_handshake(&mut stream, &hello)
+            host_handshake(stream, &hello)
                 .await
-                .map_err(|e| Error::Guest(format!("handshake on {}: {e}", socket.display())))?;
-            Ok::<_, Error>(stream)
+                .map_err(|e| Error::Guest(format!("handshake on {}: {e}", socket.display())))
         };
         let stream = tokio::time::timeout(within, attempt).await.map_err(|_| {
             Error::Guest(format!(
