@@ -1,19 +1,48 @@
-//! `cargo xtask bench <name>`: one subcommand per benchmark. Add a variant to
-//! [`Bench`] and an arm to [`run`]; any other name is refused with the known list.
+//! `cargo xtask bench <name>`: one subcommand per benchmark, each a cargo build or run
+//! of an example whose output streams through. Add a variant to [`Bench`] and an arm to
+//! [`run`]; any other name is refused with the known list. docs/benchmarks.md records
+//! the figures.
 
 use clap::Subcommand;
 
-use crate::{Error, Result};
+use crate::{image, tool, workspace_root, Error, Result};
 
 #[derive(Subcommand)]
 pub enum Bench {
+    /// silkd's exec round trip over its Unix socket next to a local fork+exec+wait (ratio).
+    Exec,
+    /// sandboxd's memory under 50 concurrent 8 MiB buffered execs, and warm claim time.
+    ExecMemory,
+    /// Real VMs through sandboxd (qemu engine); builds the guest image first.
+    Vm,
     /// Any name that is not a known benchmark.
     #[command(external_subcommand)]
     Unknown(Vec<String>),
 }
 
 pub fn run(which: Bench) -> Result<()> {
+    let root = workspace_root();
     match which {
+        Bench::Exec => {
+            tool::stream(
+                "build",
+                tool::cargo()
+                    .args(["build", "--release", "-p", "silkd", "--bins", "--examples"])
+                    .current_dir(&root),
+            )?;
+            tool::stream(
+                "bench exec",
+                std::process::Command::new(root.join("target/release/examples/exec_rtt"))
+                    .arg(root.join("target/release/silkd"))
+                    .arg("1000")
+                    .current_dir(&root),
+            )
+        }
+        Bench::ExecMemory => run_example("bench exec-memory", "bench_exec_memory"),
+        Bench::Vm => {
+            image::run(&image::Args::default())?;
+            run_example("bench vm", "bench_vm")
+        }
         Bench::Unknown(args) => Err(Error::UnknownBenchmark {
             name: args.first().cloned().unwrap_or_default(),
             known: known().join(", "),
@@ -21,16 +50,36 @@ pub fn run(which: Bench) -> Result<()> {
     }
 }
 
-/// Names of the benchmarks [`Bench`] defines, or `(none yet)`.
+/// `cargo run --release -p sandboxd --example NAME`.
+fn run_example(step: &'static str, example: &str) -> Result<()> {
+    tool::stream(
+        step,
+        tool::cargo()
+            .args(["run", "--release", "-p", "sandboxd", "--example", example])
+            .current_dir(workspace_root()),
+    )
+}
+
+/// Names of the benchmarks [`Bench`] defines.
 pub fn known() -> Vec<String> {
-    let names: Vec<String> = Bench::augment_subcommands(clap::Command::new("bench"))
+    Bench::augment_subcommands(clap::Command::new("bench"))
         .get_subcommands()
         .map(|c| c.get_name().to_string())
         .filter(|name| name != "help")
-        .collect();
-    if names.is_empty() {
-        vec!["(none yet)".to_string()]
-    } else {
-        names
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_the_documented_ones_and_others_are_refused() {
+        assert_eq!(known(), ["exec", "exec-memory", "vm"]);
+        let err = run(Bench::Unknown(vec!["nope".into()])).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown benchmark `nope`; known benchmarks: exec, exec-memory, vm"
+        );
     }
 }

@@ -33,14 +33,34 @@ pub const MODULES_LIST: &str = "etc/silkd/modules";
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
     /// Where the image goes.
-    #[arg(long, default_value_os_t = workspace_root().join("target/images/base"))]
+    #[arg(long, default_value_os_t = default_out())]
     pub out: PathBuf,
     /// Downloaded and unpacked packages, reused across runs.
-    #[arg(long, default_value_os_t = workspace_root().join("target/images/cache"))]
+    #[arg(long, default_value_os_t = default_cache())]
     pub cache: PathBuf,
     /// Use this silkd binary instead of building the static one.
     #[arg(long)]
     pub silkd: Option<PathBuf>,
+}
+
+/// What `cargo xtask image` with no flags does (the test gate and `up` use it).
+impl Default for Args {
+    fn default() -> Self {
+        Args {
+            out: default_out(),
+            cache: default_cache(),
+            silkd: None,
+        }
+    }
+}
+
+/// `target/images/base`: where sandboxd's qemu tests and `cargo xtask up` look.
+pub fn default_out() -> PathBuf {
+    workspace_root().join("target/images/base")
+}
+
+fn default_cache() -> PathBuf {
+    workspace_root().join("target/images/cache")
 }
 
 pub fn run(args: &Args) -> Result<()> {
