@@ -323,3 +323,86 @@ async fn stream_example_gives_up_and_leaves_nothing() {
     })
     .await
 }
+
+#[tokio::test]
+async fn url_and_token_fall_back_to_the_config_file() {
+    let d = Daemon::start();
+    let config_home = tempfile::tempdir().unwrap();
+    let file = config_home.path().join("sbx/config.toml");
+    std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+    // Neither flags nor environment: everything comes from the file.
+    let bare = |args: &[&str]| {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sbx"));
+        cmd.args(args)
+            .env_remove("SANDBOXD_URL")
+            .env_remove("SANDBOXD_TOKEN")
+            .env("XDG_CONFIG_HOME", config_home.path())
+            .kill_on_drop(true);
+        cmd
+    };
+    bounded(async {
+        std::fs::write(
+            &file,
+            format!("url = {:?}\ntoken = {:?}\n", d.url, harness::ROOT),
+        )
+        .unwrap();
+        let out = bare(&["run", "--", "echo", "hello"])
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        assert_eq!(out.stdout, b"hello\n");
+        assert!(d.root().list().await.unwrap().is_empty());
+
+        // A flag, then the environment, beats the file, key by key.
+        let out = bare(&["--token", "not-a-token-anyone-issued", "ls"])
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(
+            stderr(&out),
+            "sbx: unauthorized: missing or unknown token\n"
+        );
+        let out = bare(&["ls"])
+            .env("SANDBOXD_TOKEN", "not-a-token-anyone-issued")
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(
+            stderr(&out),
+            "sbx: unauthorized: missing or unknown token\n"
+        );
+        let out = bare(&["ls"])
+            .env("SANDBOXD_URL", "unix:/nonexistent/sock")
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            stderr(&out).contains("/nonexistent/sock"),
+            "{}",
+            stderr(&out)
+        );
+        // With both given the file is not read at all, not even when it is broken.
+        std::fs::write(&file, "url = [\n").unwrap();
+        let out = bare(&["ls"])
+            .env("SANDBOXD_URL", &d.url)
+            .env("SANDBOXD_TOKEN", harness::ROOT)
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+        // Otherwise a broken file is one line naming it; an unknown key is refused too.
+        let out = bare(&["ls"]).output().await.unwrap();
+        assert_eq!(out.status.code(), Some(1));
+        assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+        assert!(
+            stderr(&out).starts_with(&format!("sbx: {}: ", file.display())),
+            "{}",
+            stderr(&out)
+        );
+        std::fs::write(&file, "urll = \"x\"\n").unwrap();
+        let out = bare(&["ls"]).output().await.unwrap();
+        assert!(stderr(&out).contains("unknown field"), "{}", stderr(&out));
+    })
+    .await
+}

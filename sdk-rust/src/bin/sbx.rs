@@ -7,9 +7,14 @@
 //! when sbx's output was closed under it (the command is killed), and 125 when sbx itself
 //! failed. Other subcommands exit 1 on failure. Errors are one line on
 //! stderr.
+//!
+//! The URL and token come from `--url` / `--token`, else `SANDBOXD_URL` /
+//! `SANDBOXD_TOKEN`, else `${XDG_CONFIG_HOME:-$HOME/.config}/sbx/config.toml` (keys
+//! `url`, `token`; `cargo xtask up` writes it), else the default URL and no token.
 
 use std::future::Future;
 use std::io::IsTerminal;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -28,10 +33,12 @@ const EXIT_TIMEOUT: u8 = 124;
 #[derive(Parser)]
 #[command(name = "sbx", version)]
 struct Cli {
-    /// sandboxd's URL: http://host:port or unix:/path/to/socket.
-    #[arg(long, global = true, env = "SANDBOXD_URL", default_value = sandbox_sdk::DEFAULT_URL)]
-    url: String,
-    /// Bearer token: root or tenant; for `exec`, `renew` and `release` also the sandbox's own.
+    /// sandboxd's URL: http://host:port or unix:/path/to/socket [default: the config
+    /// file's `url`, else http://127.0.0.1:7777].
+    #[arg(long, global = true, env = "SANDBOXD_URL")]
+    url: Option<String>,
+    /// Bearer token: root or tenant; for `exec`, `renew` and `release` also the sandbox's own
+    /// [default: the config file's `token`].
     #[arg(long, global = true, env = "SANDBOXD_TOKEN", hide_env_values = true)]
     token: Option<String>,
     #[command(subcommand)]
@@ -140,10 +147,14 @@ impl From<Error> for Stop {
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    let client = match Client::new(&cli.url) {
-        Ok(c) => match &cli.token {
-            Some(t) if !t.is_empty() => c.with_token(t.clone()),
-            _ => c,
+    let (url, token) = match resolve(cli.url, cli.token) {
+        Ok(pair) => pair,
+        Err(e) => return fail(&e, 1),
+    };
+    let client = match Client::new(&url) {
+        Ok(c) => match token {
+            Some(t) => c.with_token(t),
+            None => c,
         },
         Err(e) => return fail(&e, 1),
     };
@@ -165,6 +176,56 @@ async fn main() -> ExitCode {
     // Exit here rather than return: a stdin copy may still be blocked reading our stdin,
     // and the runtime would wait for it on shutdown.
     std::process::exit(code.into())
+}
+
+/// `${XDG_CONFIG_HOME:-$HOME/.config}/sbx/config.toml`, as `cargo xtask up` writes it.
+#[derive(Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    url: Option<String>,
+    token: Option<String>,
+}
+
+/// The URL and token to use: the flag or environment variable (clap has merged the two;
+/// empty counts as unset), else the config file's, else the default URL and no token. The
+/// file is read only when something is missing; a file that is absent is not an error.
+fn resolve(url: Option<String>, token: Option<String>) -> Result<(String, Option<String>), String> {
+    let given = |v: Option<String>| v.filter(|s| !s.is_empty());
+    let (url, token) = (given(url), given(token));
+    let file = match (&url, &token, config_path()) {
+        (Some(_), Some(_), _) | (_, _, None) => ConfigFile::default(),
+        (_, _, Some(path)) => read_config(&path)?,
+    };
+    let url = url
+        .or(given(file.url))
+        .unwrap_or_else(|| sandbox_sdk::DEFAULT_URL.to_string());
+    Ok((url, token.or(given(file.token))))
+}
+
+fn config_path() -> Option<PathBuf> {
+    let dir = |var| {
+        std::env::var_os(var)
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    };
+    dir("XDG_CONFIG_HOME")
+        .or_else(|| dir("HOME").map(|home| home.join(".config")))
+        .map(|config| config.join("sbx/config.toml"))
+}
+
+fn read_config(path: &std::path::Path) -> Result<ConfigFile, String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => toml::from_str(&text).map_err(|e| {
+            // toml's own rendering spans several lines; an sbx error is one.
+            let line = e
+                .span()
+                .map_or(1, |at| text[..at.start].matches('\n').count() + 1);
+            let message: Vec<&str> = e.message().lines().map(str::trim).collect();
+            format!("{}: line {line}: {}", path.display(), message.join("; "))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(ConfigFile::default()),
+        Err(e) => Err(format!("reading {}: {e}", path.display())),
+    }
 }
 
 fn fail(e: &dyn std::fmt::Display, code: u8) -> ExitCode {
