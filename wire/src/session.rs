@@ -8,7 +8,7 @@
 //!
 //! ```text
 //! host → guest: "\nSILKD-HELLO v1 nonce=<32 hex> time_ns=<u64> entropy=<64 hex> hostname=<name>\n"
-//!               (resent every 250 ms until READY arrives)
+//!               (resent every 50 ms until READY arrives)
 //! guest → host: "\nSILKD-READY v1 nonce=<32 hex>\n"
 //! host → guest: "\nSILKD-GO v1 nonce=<32 hex>\n"
 //! ```
@@ -34,7 +34,7 @@ const HELLO_MAGIC: &[u8] = b"\nSILKD-HELLO v1 ";
 const READY_MAGIC: &[u8] = b"\nSILKD-READY v1 nonce=";
 const GO_MAGIC: &[u8] = b"\nSILKD-GO v1 nonce=";
 /// How often the host repeats its HELLO until the guest answers.
-const HELLO_RESEND: Duration = Duration::from_millis(250);
+const HELLO_RESEND: Duration = Duration::from_millis(50);
 /// Longest handshake line accepted after its magic.
 const MAX_LINE: usize = 512;
 
@@ -211,7 +211,7 @@ pub async fn guest_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     Ok((hello, io))
 }
 
-/// Host side: sends `hello` (again every 250 ms) until `READY` carrying its nonce comes
+/// Host side: sends `hello` (again every 50 ms) until `READY` carrying its nonce comes
 /// back, skipping anything an earlier session left in the channel, then sends `GO`.
 /// Returns the stream to run yamux on (it may hold bytes read ahead).
 pub async fn host_handshake<S: AsyncRead + AsyncWrite + Unpin>(

@@ -38,6 +38,8 @@ use crate::error::{Error, Result};
 
 /// Bound on a save or a restore of device state (it is ~100 KB with `x-ignore-shared`).
 const MIGRATION_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a golden's silkd is given to notice the host left before the save.
+const SESSION_END_GRACE: Duration = Duration::from_millis(100);
 /// The `auto` accelerator probe: KVM must boot a guest to `READY` within this.
 const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -351,8 +353,11 @@ impl Engine for QemuEngine {
             let state = Self::golden_state(spec);
             let tmp = state.with_extension("mig.tmp");
             let saved = async {
-                // End the host session first: clones then start in "waiting for a host".
+                // End the host session first and give silkd a moment to see the hang-up,
+                // so clones start "waiting for a host" rather than inside a dead session
+                // (which would swallow their first HELLO and cost them a resend).
                 golden.disconnect();
+                tokio::time::sleep(SESSION_END_GRACE).await;
                 let mut qmp =
                     Qmp::connect(&cmdline::qmp_socket(&golden.run_dir), self.boot_timeout).await?;
                 qmp.execute("migrate-set-capabilities", Some(ignore_shared()))
