@@ -1,11 +1,12 @@
 //! Project automation behind `cargo xtask`: the test gate, the static silkd, the
-//! guest image and benchmarks. It holds no product logic.
+//! guest image, benchmarks and `up`. It holds no product logic.
 //!
 //! # Layout
 //! - [`test`]: `cargo xtask test`, the gate `.ci/run` runs.
 //! - [`silkd`]: `cargo xtask build-silkd`, silkd as a static binary for the guest.
 //! - [`image`]: `cargo xtask image`, the guest image built from Debian packages.
 //! - [`bench`]: `cargo xtask bench <name>`.
+//! - [`up`]: `cargo xtask up`, a node from a fresh clone: packages, build, config, start.
 //! - `tool`: running external programs so that a failure names the program.
 
 pub mod bench;
@@ -13,6 +14,7 @@ pub mod image;
 pub mod silkd;
 pub mod test;
 mod tool;
+pub mod up;
 
 use std::io;
 use std::path::{Path, PathBuf};

@@ -3,10 +3,10 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use xtask::{bench, image, silkd, test};
+use xtask::{bench, image, silkd, test, up};
 
 #[derive(Parser)]
-#[command(about = "Project automation: test gate, static silkd, guest image, benchmarks")]
+#[command(about = "Project automation: test gate, static silkd, guest image, benchmarks, up")]
 struct Cli {
     #[command(subcommand)]
     task: Task,
@@ -20,6 +20,9 @@ enum Task {
     BuildSilkd,
     /// Build the guest image (kernel, initramfs, rootfs, manifest) from Debian packages.
     Image(image::Args),
+    /// Set up and start a node: system packages (as root), release build, guest image,
+    /// config under target/up/, sbx configured and on PATH; then sandboxd in the foreground.
+    Up,
     /// Run one benchmark.
     Bench {
         #[command(subcommand)]
@@ -33,6 +36,7 @@ fn main() -> ExitCode {
         Task::BuildSilkd => silkd::build_static().map(|path| println!("{}", path.display())),
         Task::Image(args) => image::run(&args),
         Task::Bench { which } => bench::run(which),
+        Task::Up => up::run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

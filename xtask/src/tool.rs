@@ -1,4 +1,4 @@
-//! Running external programs (cargo, apt-get, dpkg-deb, file, busybox) so that every
+//! Running external programs (cargo, apt-get, dpkg-deb, file, busybox, id) so that every
 //! failure names the program, its arguments and, where captured, its stderr.
 
 use std::ffi::OsString;
@@ -48,11 +48,16 @@ pub fn output(cmd: &mut Command) -> Result<String> {
         .map_err(|_| Error::Invalid(format!("`{command}` printed output that is not UTF-8")))
 }
 
+/// Whether `tool` is a file in one of PATH's directories.
+pub fn on_path(tool: &str) -> bool {
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    std::env::split_paths(&path).any(|dir| dir.join(tool).is_file())
+}
+
 /// Fails naming the first of `tools` that is not on PATH.
 pub fn require(tools: &[&str]) -> Result<()> {
-    let path = std::env::var_os("PATH").unwrap_or_default();
     for tool in tools {
-        if !std::env::split_paths(&path).any(|dir| dir.join(tool).is_file()) {
+        if !on_path(tool) {
             return Err(Error::MissingTool {
                 tool: tool.to_string(),
                 hint: install_hint(tool),
@@ -75,6 +80,7 @@ fn spawn_error(cmd: &Command, command: String, source: io::Error) -> Error {
 fn install_hint(tool: &str) -> &'static str {
     match tool {
         "file" => "install it with `apt-get install file`",
+        "bwrap" => "install it with `apt-get install bubblewrap`",
         "apt-get" | "apt-cache" | "dpkg-deb" => {
             "the image is built from Debian packages: run on Debian 12"
         }

@@ -1,0 +1,400 @@
+//! `cargo xtask up`, step one: the system packages a node needs (bubblewrap, file,
+//! procps, QEMU). As root it installs what is missing with apt, QEMU 10 from
+//! bookworm-backports the way `.ci/run` does (falling back to the distribution's QEMU
+//! when that is 7.2 or newer, else going without); otherwise it prints the one apt
+//! command to run and carries on with what is there. It never removes anything.
+
+use std::fs;
+use std::path::Path;
+use std::process::Command;
+
+use crate::{error_chain, tool, Error, Result};
+
+use super::say;
+
+/// The binary the qemu engine runs.
+pub const QEMU: &str = "qemu-system-x86_64";
+/// The package that ships [`QEMU`].
+const QEMU_PACKAGE: &str = "qemu-system-x86";
+/// The QEMU the project is tested with (`.ci/run` installs it from bookworm-backports).
+const QEMU_WANTED: Version = Version(10, 0);
+/// The oldest QEMU `up` settles for (bookworm's own).
+pub const QEMU_OLDEST: Version = Version(7, 2);
+const BACKPORTS_SUITE: &str = "bookworm-backports";
+const BACKPORTS_SOURCES: &str = "/etc/apt/sources.list.d/backports.sources";
+
+/// Tools needed whatever the engine, and the Debian package of each.
+const TOOLS: [(&str, &str); 3] = [("bwrap", "bubblewrap"), ("file", "file"), ("ps", "procps")];
+
+/// A version's major and minor numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Version(pub u32, pub u32);
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.0, self.1)
+    }
+}
+
+/// Installs (as root) or names (otherwise) what is missing.
+pub fn ensure() -> Result<()> {
+    let missing: Vec<&str> = TOOLS
+        .iter()
+        .filter(|(tool, _)| !tool::on_path(tool))
+        .map(|&(_, package)| package)
+        .collect();
+    let qemu = qemu_version();
+    match qemu {
+        Some(v) => say(&format!("found {QEMU} {v}")),
+        None => say(&format!("{QEMU} is not installed")),
+    }
+    if missing.is_empty() && qemu.is_some_and(|v| v >= QEMU_WANTED) {
+        say("system packages: all present");
+        return Ok(());
+    }
+    if !tool::on_path("apt-get") {
+        say(&format!(
+            "no apt-get here: install {} yourself; carrying on with what is here",
+            wanted(&missing, qemu).join(" ")
+        ));
+        return Ok(());
+    }
+    if !is_root()? {
+        let packages = wanted(&missing, qemu);
+        if packages.is_empty() {
+            say(&format!(
+                "QEMU {} is older than {QEMU_WANTED}; run `cargo xtask up` as root to get QEMU \
+                 {QEMU_WANTED} from {BACKPORTS_SUITE}; carrying on with {}",
+                qemu.map_or("?".into(), |v| v.to_string()),
+                qemu.map_or("?".into(), |v| v.to_string()),
+            ));
+        } else {
+            say(&format!(
+                "not root, so nothing is installed; the one command to run:\n\n    \
+                 sudo apt-get install -y {}\n\n  \
+                 (or run `cargo xtask up` as root, which takes QEMU {QEMU_WANTED} from \
+                 {BACKPORTS_SUITE}); carrying on with what is here",
+                packages.join(" ")
+            ));
+        }
+        return Ok(());
+    }
+
+    let mut apt = Apt::default();
+    if !missing.is_empty() {
+        apt.install(&missing, None)?;
+    }
+    if qemu.is_none_or(|v| v < QEMU_WANTED) {
+        install_qemu(&mut apt, qemu);
+    }
+    // The guest image resolves its packages from apt's lists: make sure there are some.
+    let lists = fs::read_dir("/var/lib/apt/lists")
+        .map(|dir| {
+            dir.flatten()
+                .any(|e| e.file_name().to_string_lossy().contains("_Packages"))
+        })
+        .unwrap_or(false);
+    if !lists {
+        apt.update()?;
+    }
+    Ok(())
+}
+
+/// Packages a non-root user is told to install: the missing tools, and QEMU when absent
+/// (the distribution's; an old QEMU that runs is left alone).
+fn wanted<'a>(missing: &[&'a str], qemu: Option<Version>) -> Vec<&'a str> {
+    let mut packages = missing.to_vec();
+    if qemu.is_none() {
+        packages.push(QEMU_PACKAGE);
+    }
+    packages
+}
+
+/// QEMU [`QEMU_WANTED`] from bookworm-backports on bookworm; else, or when that fails,
+/// the distribution's QEMU if it is at least [`QEMU_OLDEST`]; else none. Never fails:
+/// without QEMU the node runs the process engine.
+fn install_qemu(apt: &mut Apt, present: Option<Version>) {
+    let os_release = fs::read_to_string("/etc/os-release").unwrap_or_default();
+    if os_release_value(&os_release, "VERSION_CODENAME").as_deref() == Some("bookworm") {
+        let backports =
+            add_backports(apt).and_then(|()| apt.install(&[QEMU_PACKAGE], Some(BACKPORTS_SUITE)));
+        match backports {
+            Ok(()) => {
+                say(&format!(
+                    "installed QEMU {} from {BACKPORTS_SUITE}",
+                    qemu_version().map_or("?".into(), |v| v.to_string())
+                ));
+                return;
+            }
+            Err(e) => say(&format!(
+                "QEMU from {BACKPORTS_SUITE} failed ({}); trying the distribution's",
+                error_chain(&e)
+            )),
+        }
+    }
+    if let Some(v) = present.filter(|&v| v >= QEMU_OLDEST) {
+        say(&format!("keeping the installed QEMU {v}"));
+        return;
+    }
+    let candidate = apt.candidate(QEMU_PACKAGE);
+    match candidate.as_deref().and_then(debian_upstream_version) {
+        Some(v) if v >= QEMU_OLDEST => match apt.install(&[QEMU_PACKAGE], None) {
+            Ok(()) => say(&format!("installed the distribution's QEMU {v}")),
+            Err(e) => say(&format!(
+                "installing QEMU failed ({}); going without it",
+                error_chain(&e)
+            )),
+        },
+        Some(v) => say(&format!(
+            "the distribution's QEMU is {v}, older than {QEMU_OLDEST}: going without QEMU"
+        )),
+        None => say(&format!(
+            "apt has no {QEMU_PACKAGE} candidate: going without QEMU"
+        )),
+    }
+}
+
+/// Adds bookworm-backports from the mirror this machine already uses for bookworm (it
+/// may have no route to any other), unless a sources file already names it.
+fn add_backports(apt: &mut Apt) -> Result<()> {
+    let present = fs::read_to_string(BACKPORTS_SOURCES).unwrap_or_default();
+    if present
+        .lines()
+        .any(|l| l.starts_with("Suites:") && l.contains(BACKPORTS_SUITE))
+    {
+        return Ok(());
+    }
+    let mirror = bookworm_mirror()?;
+    say(&format!(
+        "adding {BACKPORTS_SUITE} from {mirror} to {BACKPORTS_SOURCES}"
+    ));
+    let path = Path::new(BACKPORTS_SOURCES);
+    fs::write(path, backports_sources(&mirror)).map_err(Error::io("writing", path))?;
+    apt.updated = false;
+    Ok(())
+}
+
+fn backports_sources(mirror: &str) -> String {
+    format!(
+        "Types: deb\nURIs: {mirror}\nSuites: {BACKPORTS_SUITE}\nComponents: main\n\
+         Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+    )
+}
+
+/// The first bookworm mirror in `/etc/apt/sources.list.d/*.sources`, else in
+/// `/etc/apt/sources.list`.
+fn bookworm_mirror() -> Result<String> {
+    let dir = Path::new("/etc/apt/sources.list.d");
+    let mut files: Vec<_> = fs::read_dir(dir)
+        .map_err(Error::io("listing apt sources", dir))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sources"))
+        .collect();
+    files.sort();
+    for file in files {
+        let text = fs::read_to_string(&file).unwrap_or_default();
+        if let Some(uri) = deb822_mirror(&text, "bookworm") {
+            return Ok(uri);
+        }
+    }
+    let list = fs::read_to_string("/etc/apt/sources.list").unwrap_or_default();
+    one_line_mirror(&list, "bookworm").ok_or_else(|| {
+        Error::Invalid(
+            "no bookworm mirror in /etc/apt/sources.list.d/*.sources or /etc/apt/sources.list"
+                .into(),
+        )
+    })
+}
+
+/// The first URI of the first deb822 stanza whose `Suites:` include `suite`.
+fn deb822_mirror(text: &str, suite: &str) -> Option<String> {
+    text.split("\n\n").find_map(|stanza| {
+        let field = |name: &str| {
+            stanza.lines().find_map(|l| {
+                l.strip_prefix(name)
+                    .and_then(|rest| rest.strip_prefix(':'))
+                    .map(str::trim)
+            })
+        };
+        field("Suites")?
+            .split_whitespace()
+            .any(|s| s == suite)
+            .then(|| field("URIs")?.split_whitespace().next().map(str::to_string))?
+    })
+}
+
+/// The URI of the first `deb [options] URI SUITE ...` line of a one-line sources.list.
+fn one_line_mirror(text: &str, suite: &str) -> Option<String> {
+    text.lines().find_map(|line| {
+        let mut words = line.split_whitespace();
+        if words.next()? != "deb" {
+            return None;
+        }
+        let mut uri = words.next()?;
+        if uri.starts_with('[') {
+            // Options such as `[arch=amd64 signed-by=...]` may span several words.
+            while !uri.ends_with(']') {
+                uri = words.next()?;
+            }
+            uri = words.next()?;
+        }
+        (words.next()? == suite).then(|| uri.to_string())
+    })
+}
+
+fn os_release_value(text: &str, key: &str) -> Option<String> {
+    text.lines().find_map(|l| {
+        let value = l.strip_prefix(key)?.strip_prefix('=')?;
+        Some(value.trim().trim_matches('"').to_string())
+    })
+}
+
+/// The version `qemu-system-x86_64 --version` reports, when it runs.
+pub fn qemu_version() -> Option<Version> {
+    let out = Command::new(QEMU).arg("--version").output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rest = text.lines().next()?.split("version ").nth(1)?;
+    leading_version(rest)
+}
+
+/// `1:10.0.2+ds-2+deb13u1~bpo12+1` → 10.0: the upstream part after any epoch.
+fn debian_upstream_version(v: &str) -> Option<Version> {
+    leading_version(v.split_once(':').map_or(v, |(_, rest)| rest))
+}
+
+/// `10.0.2 (Debian …)` → 10.0.
+fn leading_version(text: &str) -> Option<Version> {
+    let mut parts = text.split(|c: char| !c.is_ascii_digit());
+    let major = parts.next()?.parse().ok()?;
+    let minor = parts.next()?.parse().ok()?;
+    Some(Version(major, minor))
+}
+
+fn is_root() -> Result<bool> {
+    Ok(tool::output(Command::new("id").arg("-u"))?.trim() == "0")
+}
+
+/// apt-get, with `apt-get update` run at most once per change of sources.
+#[derive(Default)]
+struct Apt {
+    updated: bool,
+}
+
+impl Apt {
+    fn update(&mut self) -> Result<()> {
+        if !self.updated {
+            tool::stream("apt-get update", apt_get().args(["update", "-qq"]))?;
+            self.updated = true;
+        }
+        Ok(())
+    }
+
+    /// `apt-get install` of `packages`, from `release` when given (`-t`).
+    fn install(&mut self, packages: &[&str], release: Option<&str>) -> Result<()> {
+        self.update()?;
+        say(&format!(
+            "installing {}{}",
+            packages.join(" "),
+            release.map_or(String::new(), |r| format!(" from {r}"))
+        ));
+        let mut cmd = apt_get();
+        cmd.args(["install", "-y", "-qq", "--no-install-recommends"]);
+        if let Some(release) = release {
+            cmd.args(["-t", release]);
+        }
+        tool::stream("apt-get install", cmd.args(packages))
+    }
+
+    /// The candidate version apt would install, if any.
+    fn candidate(&mut self, package: &str) -> Option<String> {
+        self.update().ok()?;
+        let policy = tool::output(Command::new("apt-cache").args(["policy", package])).ok()?;
+        policy
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("Candidate:"))
+            .map(str::trim)
+            .filter(|v| *v != "(none)")
+            .map(str::to_string)
+    }
+}
+
+fn apt_get() -> Command {
+    let mut cmd = Command::new("apt-get");
+    cmd.env("DEBIAN_FRONTEND", "noninteractive");
+    cmd
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bookworm_mirror_is_found_in_deb822_and_one_line_sources() {
+        let deb822 = "Types: deb\nURIs: http://security.example/debian-security\n\
+                      Suites: bookworm-security\nComponents: main\n\n\
+                      Types: deb deb-src\nURIs: http://mirror.example/debian http://other/\n\
+                      Suites: bookworm bookworm-updates\nComponents: main\n";
+        assert_eq!(
+            deb822_mirror(deb822, "bookworm").as_deref(),
+            Some("http://mirror.example/debian")
+        );
+        assert_eq!(deb822_mirror(deb822, "trixie"), None);
+
+        let list = "# comment\ndeb-src http://src.example/debian bookworm main\n\
+                    deb [arch=amd64 signed-by=/k.gpg] http://mirror.example/debian bookworm main\n";
+        assert_eq!(
+            one_line_mirror(list, "bookworm").as_deref(),
+            Some("http://mirror.example/debian")
+        );
+        assert_eq!(
+            one_line_mirror("deb http://m/debian bookworm-updates main\n", "bookworm"),
+            None
+        );
+    }
+
+    #[test]
+    fn backports_sources_match_the_ci_script() {
+        assert_eq!(
+            backports_sources("http://m/debian"),
+            "Types: deb\nURIs: http://m/debian\nSuites: bookworm-backports\nComponents: main\n\
+             Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
+        );
+    }
+
+    #[test]
+    fn versions_parse_from_qemu_and_from_debian() {
+        assert_eq!(
+            leading_version("10.0.2 (Debian 1:10.0.2+ds-2+deb13u1~bpo12+1)"),
+            Some(Version(10, 0))
+        );
+        assert_eq!(
+            debian_upstream_version("1:7.2+dfsg-7+deb12u16"),
+            Some(Version(7, 2))
+        );
+        assert_eq!(
+            debian_upstream_version("8.2.2+ds-0ubuntu1"),
+            Some(Version(8, 2))
+        );
+        assert_eq!(debian_upstream_version("(none)"), None);
+        assert!(Version(7, 2) >= QEMU_OLDEST && Version(6, 2) < QEMU_OLDEST);
+        assert!(Version(9, 9) < QEMU_WANTED);
+    }
+
+    #[test]
+    fn os_release_values_lose_their_quotes() {
+        let text = "PRETTY_NAME=\"Debian GNU/Linux 12 (bookworm)\"\nVERSION_CODENAME=bookworm\n";
+        assert_eq!(
+            os_release_value(text, "VERSION_CODENAME").as_deref(),
+            Some("bookworm")
+        );
+        assert_eq!(
+            os_release_value(text, "PRETTY_NAME").as_deref(),
+            Some("Debian GNU/Linux 12 (bookworm)")
+        );
+        assert_eq!(os_release_value(text, "ID"), None);
+    }
+}
