@@ -366,8 +366,87 @@ no_balloon = true
             want,
             "size {size}: {out}"
         );
+        if want {
+            // The balloon reports guest memory statistics and never free pages.
+            let host = stdout(&exec(&d, id, tok, &["hostname"]).await);
+            let guest_id = host.trim().strip_prefix("sbx-").unwrap().to_string();
+            let run = std::fs::read_dir(data.join("qemu/run"))
+                .unwrap()
+                .flatten()
+                .map(|e| e.path())
+                .find(|p| {
+                    p.file_name()
+                        .unwrap()
+                        .to_string_lossy()
+                        .starts_with(&guest_id)
+                })
+                .expect("run dir of the sandbox");
+            let mut qmp = QmpClient::connect(&run.join("qmp.sock")).await;
+            let fpr = qmp.qom_get("free-page-reporting").await;
+            assert_eq!(fpr, json!(false));
+            let start = Instant::now();
+            loop {
+                let stats = qmp.qom_get("guest-stats").await;
+                if stats["stats"]["stat-total-memory"].as_i64().unwrap_or(-1) > 0 {
+                    break;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(20),
+                    "no balloon stats: {stats}"
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
     }
     d.stop().await;
+}
+
+/// Just enough QMP for a test to read a balloon property.
+struct QmpClient {
+    lines: tokio::io::Lines<tokio::io::BufReader<tokio::net::unix::OwnedReadHalf>>,
+    write: tokio::net::unix::OwnedWriteHalf,
+}
+
+impl QmpClient {
+    async fn connect(path: &Path) -> QmpClient {
+        use tokio::io::AsyncBufReadExt;
+        let (r, w) = tokio::net::UnixStream::connect(path)
+            .await
+            .unwrap()
+            .into_split();
+        let mut c = QmpClient {
+            lines: tokio::io::BufReader::new(r).lines(),
+            write: w,
+        };
+        c.lines.next_line().await.unwrap().expect("QMP greeting");
+        c.call(json!({"execute": "qmp_capabilities"})).await;
+        c
+    }
+
+    async fn qom_get(&mut self, property: &str) -> Value {
+        let path = "/machine/peripheral/balloon0";
+        self.call(json!({"execute": "qom-get", "arguments": {"path": path, "property": property}}))
+            .await
+    }
+
+    async fn call(&mut self, cmd: Value) -> Value {
+        use tokio::io::AsyncWriteExt;
+        self.write
+            .write_all(format!("{cmd}\n").as_bytes())
+            .await
+            .unwrap();
+        loop {
+            let line = self.lines.next_line().await.unwrap().expect("QMP reply");
+            let v: Value = serde_json::from_str(&line).unwrap();
+            if v.get("event").is_some() {
+                continue;
+            }
+            return v
+                .get("return")
+                .cloned()
+                .unwrap_or_else(|| panic!("QMP error: {v}"));
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -501,4 +580,79 @@ async fn sigterm_leaves_no_qemu_running() {
     assert!(status.success(), "sandboxd exit: {status}");
     let left = procs_with(&data.to_string_lossy());
     assert!(left.is_empty(), "QEMU left running after SIGTERM: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_after_sigkill_cleans_leftover_qemus() {
+    require_qemu();
+    let _serial = ONE_AT_A_TIME.lock().await;
+    let tmp = tempfile::tempdir().unwrap();
+    let mem_dir = tmp.path().join("shm");
+    let data = tmp.path().join("data");
+    let run_root = data.join("qemu/run").to_string_lossy().into_owned();
+    std::fs::create_dir_all(&mem_dir).unwrap();
+    let pools = "[[pools]]\ntemplate = \"base\"\nsize = \"small\"\nwarm = 1\nwarm_max = 2\n";
+    let spawn = |port: u16| {
+        let cfg = tmp.path().join(format!("sandboxd-{port}.toml"));
+        let listen = format!("127.0.0.1:{port}");
+        std::fs::write(&cfg, config(&data, &mem_dir, &listen, pools)).unwrap();
+        std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+            .arg("--config")
+            .arg(&cfg)
+            .spawn()
+            .unwrap()
+    };
+    let port = free_port();
+    let mut first = spawn(port);
+    wait_warm(port).await;
+    let old = procs_with(&run_root);
+    assert_eq!(old.len(), 1, "one warm QEMU: {old:?}");
+    // A crash: the daemon dies at once and its QEMU stays behind.
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert_eq!(
+        procs_with(&run_root),
+        old,
+        "the QEMU should outlive a SIGKILLed daemon"
+    );
+    let port = free_port();
+    let mut second = spawn(port);
+    wait_warm(port).await;
+    let now = procs_with(&run_root);
+    assert!(
+        old.iter().all(|p| !now.contains(p)),
+        "leftover {old:?} still runs: {now:?}"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(second.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    assert!(second.wait().unwrap().success());
+    let left = procs_with(&data.to_string_lossy());
+    assert!(left.is_empty(), "QEMU left running: {left:?}");
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// Waits until a spawned daemon on `port` serves one warm sandbox.
+async fn wait_warm(port: u16) {
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let start = Instant::now();
+    loop {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            let info = call(addr, "GET", "/v1/info", Some(ROOT), None).await.json();
+            if info["pools"][0]["warm"] == 1 {
+                return;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "pool never warmed on {port}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

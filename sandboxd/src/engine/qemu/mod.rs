@@ -214,6 +214,12 @@ impl QemuEngine {
                 guest.kill_and_clean().await;
                 return Err(e);
             }
+            if boot.balloon {
+                match Qmp::connect(&cmdline::qmp_socket(&guest.run_dir), within).await {
+                    Ok(mut qmp) => enable_balloon_stats(&mut qmp).await,
+                    Err(e) => tracing::warn!(guest = %guest.id, "no QMP for balloon stats: {e}"),
+                }
+            }
         }
         Ok(guest)
     }
@@ -244,6 +250,9 @@ impl QemuEngine {
                 .await?;
             qmp.wait_migration(MIGRATION_TIMEOUT).await?;
             qmp.execute("cont", None).await?;
+            if boot.balloon {
+                enable_balloon_stats(&mut qmp).await;
+            }
             guest.connect(self.boot_timeout).await
         }
         .await;
@@ -264,6 +273,20 @@ struct Boot {
     memory: Memory,
     image: PathBuf,
     balloon: bool,
+}
+
+/// Turns on the balloon's guest memory statistics (every 5 s). Polling is a property of
+/// the running device, not of the migrated state, so clones need it set again. Never an
+/// inflation: nothing here takes memory from the guest.
+async fn enable_balloon_stats(qmp: &mut Qmp) {
+    let args = json!({
+        "path": "/machine/peripheral/balloon0",
+        "property": "guest-stats-polling-interval",
+        "value": 5,
+    });
+    if let Err(e) = qmp.execute("qom-set", Some(args)).await {
+        tracing::warn!("enabling balloon statistics: {e}");
+    }
 }
 
 fn ignore_shared() -> serde_json::Value {
