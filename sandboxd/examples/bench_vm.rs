@@ -5,7 +5,8 @@
 //! 1. Cold boot vs clone-from-golden, time from `start` to silkd answering `Info`,
 //!    median of 5 each in the same run, and their ratio.
 //! 2. Memory per clone with 10 idle clones running: RSS and Pss of each QEMU
-//!    (`/proc/PID/smaps_rollup`), and the drop of the host's `MemAvailable`.
+//!    (`/proc/PID/smaps_rollup`), the drop of the host's `MemAvailable`, and their idle
+//!    CPU over 5 s (guest + QEMU: silkd waiting for work must not spin).
 //! 3. Warm-claim server time: a real sandboxd (in-process, HTTP on loopback) with a warm
 //!    pool; the `Server-Timing` of 20 claims, median.
 
@@ -164,6 +165,20 @@ async fn bench() -> Result<(), BoxError> {
         "  host MemAvailable drop: {:.1} MiB per clone",
         (avail_before.saturating_sub(avail_after)) as f64 / 1024.0 / IDLE_CLONES as f64
     );
+    let window = Duration::from_secs(5);
+    let before: u64 = pids.iter().map(|p| cpu_ticks(*p)).sum();
+    tokio::time::sleep(window).await;
+    let after: u64 = pids.iter().map(|p| cpu_ticks(*p)).sum();
+    let ticks_per_s = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    let core_pct = (after - before) as f64 / ticks_per_s / window.as_secs_f64() * 100.0;
+    println!(
+        "  idle CPU: {:.1}% of one core for all {IDLE_CLONES} ({:.1}% each)",
+        core_pct,
+        core_pct / IDLE_CLONES as f64
+    );
     for g in idle {
         g.destroy().await;
     }
@@ -316,4 +331,18 @@ fn rss_pss_kib(pid: u32) -> Result<(u64, u64), BoxError> {
             .unwrap_or(0)
     };
     Ok((field("Rss:"), field("Pss:")))
+}
+
+/// utime + stime of a process, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0;
+    };
+    let Some((_, rest)) = stat.rsplit_once(')') else {
+        return 0;
+    };
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the command name: state is field 3; utime and stime are fields 14 and 15.
+    f.get(11).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
+        + f.get(12).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0)
 }
