@@ -84,6 +84,78 @@ memory_mib = 256
     )
 }
 
+/// One test node's scratch space: its data dir and a private directory for golden RAM
+/// files (so tests never share goldens).
+struct Scratch {
+    tmp: tempfile::TempDir,
+}
+
+impl Scratch {
+    fn new() -> Scratch {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(tmp.path().join("shm")).unwrap();
+        Scratch { tmp }
+    }
+
+    fn data(&self) -> PathBuf {
+        self.tmp.path().join("data")
+    }
+
+    fn mem_dir(&self) -> PathBuf {
+        self.tmp.path().join("shm")
+    }
+
+    /// sandboxd in this process, on a free port.
+    async fn daemon(&self, pools: &str) -> Daemon {
+        let text = config(&self.data(), &self.mem_dir(), "127.0.0.1:0", pools);
+        Daemon::start_text(&self.data(), &text).await
+    }
+
+    /// The real sandboxd binary on a free port, for signal tests.
+    fn spawn(&self, pools: &str) -> (std::process::Child, std::net::SocketAddr) {
+        let port = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            l.local_addr().unwrap().port()
+        };
+        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        let cfg = self.tmp.path().join(format!("sandboxd-{port}.toml"));
+        let text = config(&self.data(), &self.mem_dir(), &addr.to_string(), pools);
+        std::fs::write(&cfg, text).unwrap();
+        let child = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
+            .arg("--config")
+            .arg(&cfg)
+            .spawn()
+            .unwrap();
+        (child, addr)
+    }
+}
+
+fn pool(warm: u32) -> String {
+    format!("[[pools]]\ntemplate = \"base\"\nsize = \"small\"\nwarm = {warm}\nwarm_max = 4\n")
+}
+
+/// Waits until a spawned daemon serves `warm` idle sandboxes.
+async fn wait_warm(addr: std::net::SocketAddr, warm: u64) {
+    let start = Instant::now();
+    loop {
+        if tokio::net::TcpStream::connect(addr).await.is_ok() {
+            let info = call(addr, "GET", "/v1/info", Some(ROOT), None).await.json();
+            if info["pools"][0]["warm"] == warm {
+                return;
+            }
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "pool never warmed on {addr}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn signal(child: &std::process::Child, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+}
+
 const MARKER_POOL: &str = r#"[[pools]]
 template = "base"
 size = "small"
@@ -148,12 +220,9 @@ async fn relay(
 async fn golden_clones_identity_exec_relay_kill() {
     require_qemu();
     let _serial = ONE_AT_A_TIME.lock().await;
-    let tmp = tempfile::tempdir().unwrap();
-    let mem_dir = tmp.path().join("shm");
-    let data = tmp.path().join("data");
-    std::fs::create_dir_all(&mem_dir).unwrap();
-    let text = config(&data, &mem_dir, "127.0.0.1:0", MARKER_POOL);
-    let d = Daemon::start_text(&data, &text).await;
+    let node = Scratch::new();
+    let (data, mem_dir) = (node.data(), node.mem_dir());
+    let d = node.daemon(MARKER_POOL).await;
     d.wait_pool(Duration::from_secs(120), "golden and 2 warm clones", |p| {
         p["golden"]["state"] == "ready" && p["warm"] == 2
     })
@@ -306,10 +375,8 @@ fn base64_std(bytes: &[u8]) -> String {
 async fn balloon_is_visible_only_without_no_balloon() {
     require_qemu();
     let _serial = ONE_AT_A_TIME.lock().await;
-    let tmp = tempfile::tempdir().unwrap();
-    let mem_dir = tmp.path().join("shm");
-    let data = tmp.path().join("data");
-    std::fs::create_dir_all(&mem_dir).unwrap();
+    let node = Scratch::new();
+    let data = node.data();
     let pools = r#"[[pools]]
 template = "base"
 size = "small"
@@ -327,8 +394,7 @@ warm = 1
 warm_max = 2
 no_balloon = true
 "#;
-    let text = config(&data, &mem_dir, "127.0.0.1:0", pools);
-    let d = Daemon::start_text(&data, &text).await;
+    let d = node.daemon(pools).await;
     let start = Instant::now();
     loop {
         let info = d.info().await;
@@ -453,13 +519,9 @@ impl QmpClient {
 async fn killed_qemu_fails_its_sandbox_and_the_pool_refills() {
     require_qemu();
     let _serial = ONE_AT_A_TIME.lock().await;
-    let tmp = tempfile::tempdir().unwrap();
-    let mem_dir = tmp.path().join("shm");
-    let data = tmp.path().join("data");
-    std::fs::create_dir_all(&mem_dir).unwrap();
-    let pools = "[[pools]]\ntemplate = \"base\"\nsize = \"small\"\nwarm = 1\nwarm_max = 2\n";
-    let text = config(&data, &mem_dir, "127.0.0.1:0", pools);
-    let d = Daemon::start_text(&data, &text).await;
+    let node = Scratch::new();
+    let data = node.data();
+    let d = node.daemon(&pool(1)).await;
     d.wait_pool(Duration::from_secs(120), "one warm clone", |p| {
         p["warm"] == 1
     })
@@ -532,53 +594,17 @@ async fn killed_qemu_fails_its_sandbox_and_the_pool_refills() {
 async fn sigterm_leaves_no_qemu_running() {
     require_qemu();
     let _serial = ONE_AT_A_TIME.lock().await;
-    let tmp = tempfile::tempdir().unwrap();
-    let mem_dir = tmp.path().join("shm");
-    let data = tmp.path().join("data");
-    std::fs::create_dir_all(&mem_dir).unwrap();
-    let port = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap().port()
-    };
-    let listen = format!("127.0.0.1:{port}");
-    let pools = "[[pools]]\ntemplate = \"base\"\nsize = \"small\"\nwarm = 2\nwarm_max = 2\n";
-    let cfg = tmp.path().join("sandboxd.toml");
-    std::fs::write(&cfg, config(&data, &mem_dir, &listen, pools)).unwrap();
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
-        .arg("--config")
-        .arg(&cfg)
-        .spawn()
-        .unwrap();
-    let addr: std::net::SocketAddr = listen.parse().unwrap();
-    let start = Instant::now();
-    loop {
-        if let Ok(s) = tokio::net::TcpStream::connect(addr).await {
-            drop(s);
-            let info = call(addr, "GET", "/v1/info", Some(ROOT), None).await.json();
-            if info["pools"][0]["warm"] == 2 {
-                break;
-            }
-        }
-        if start.elapsed() > Duration::from_secs(120) {
-            let _ = child.kill();
-            panic!("pool never warmed");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let node = Scratch::new();
+    let data = node.data().to_string_lossy().into_owned();
+    let (mut child, addr) = node.spawn(&pool(2));
+    wait_warm(addr, 2).await;
     let r = call(addr, "POST", "/v1/claim", Some(ROOT), Some("{}")).await;
     assert_eq!(r.status, 200);
-    assert!(
-        procs_with(&data.to_string_lossy()).len() >= 2,
-        "QEMUs should run"
-    );
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    assert!(procs_with(&data).len() >= 2, "QEMUs should run");
+    signal(&child, nix::sys::signal::Signal::SIGTERM);
     let status = child.wait().unwrap();
     assert!(status.success(), "sandboxd exit: {status}");
-    let left = procs_with(&data.to_string_lossy());
+    let left = procs_with(&data);
     assert!(left.is_empty(), "QEMU left running after SIGTERM: {left:?}");
 }
 
@@ -586,25 +612,10 @@ async fn sigterm_leaves_no_qemu_running() {
 async fn restart_after_sigkill_cleans_leftover_qemus() {
     require_qemu();
     let _serial = ONE_AT_A_TIME.lock().await;
-    let tmp = tempfile::tempdir().unwrap();
-    let mem_dir = tmp.path().join("shm");
-    let data = tmp.path().join("data");
-    let run_root = data.join("qemu/run").to_string_lossy().into_owned();
-    std::fs::create_dir_all(&mem_dir).unwrap();
-    let pools = "[[pools]]\ntemplate = \"base\"\nsize = \"small\"\nwarm = 1\nwarm_max = 2\n";
-    let spawn = |port: u16| {
-        let cfg = tmp.path().join(format!("sandboxd-{port}.toml"));
-        let listen = format!("127.0.0.1:{port}");
-        std::fs::write(&cfg, config(&data, &mem_dir, &listen, pools)).unwrap();
-        std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
-            .arg("--config")
-            .arg(&cfg)
-            .spawn()
-            .unwrap()
-    };
-    let port = free_port();
-    let mut first = spawn(port);
-    wait_warm(port).await;
+    let node = Scratch::new();
+    let run_root = node.data().join("qemu/run").to_string_lossy().into_owned();
+    let (mut first, addr) = node.spawn(&pool(1));
+    wait_warm(addr, 1).await;
     let old = procs_with(&run_root);
     assert_eq!(old.len(), 1, "one warm QEMU: {old:?}");
     // A crash: the daemon dies at once and its QEMU stays behind.
@@ -615,44 +626,15 @@ async fn restart_after_sigkill_cleans_leftover_qemus() {
         old,
         "the QEMU should outlive a SIGKILLed daemon"
     );
-    let port = free_port();
-    let mut second = spawn(port);
-    wait_warm(port).await;
+    let (mut second, addr) = node.spawn(&pool(1));
+    wait_warm(addr, 1).await;
     let now = procs_with(&run_root);
     assert!(
         old.iter().all(|p| !now.contains(p)),
         "leftover {old:?} still runs: {now:?}"
     );
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(second.id() as i32),
-        nix::sys::signal::Signal::SIGTERM,
-    )
-    .unwrap();
+    signal(&second, nix::sys::signal::Signal::SIGTERM);
     assert!(second.wait().unwrap().success());
-    let left = procs_with(&data.to_string_lossy());
+    let left = procs_with(&node.data().to_string_lossy());
     assert!(left.is_empty(), "QEMU left running: {left:?}");
-}
-
-fn free_port() -> u16 {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().port()
-}
-
-/// Waits until a spawned daemon on `port` serves one warm sandbox.
-async fn wait_warm(port: u16) {
-    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let start = Instant::now();
-    loop {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            let info = call(addr, "GET", "/v1/info", Some(ROOT), None).await.json();
-            if info["pools"][0]["warm"] == 1 {
-                return;
-            }
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "pool never warmed on {port}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
