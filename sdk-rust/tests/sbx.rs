@@ -274,11 +274,15 @@ async fn errors_are_one_line() {
 async fn quickstart_example_runs_and_matches_the_docs() {
     let example = harness::example("quickstart");
     let source = include_str!("../examples/quickstart.rs");
-    let docs = include_str!("../../docs/sdk.md");
-    assert!(
-        docs.contains(&format!("```rust\n{source}```")),
-        "docs/sdk.md must show examples/quickstart.rs verbatim in a ```rust block"
-    );
+    for (name, docs) in [
+        ("docs/sdk.md", include_str!("../../docs/sdk.md")),
+        ("README.md", include_str!("../../README.md")),
+    ] {
+        assert!(
+            docs.contains(&format!("```rust\n{source}```")),
+            "{name} must show examples/quickstart.rs verbatim in a ```rust block"
+        );
+    }
 
     let d = Daemon::start();
     bounded(async {

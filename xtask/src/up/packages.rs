@@ -120,10 +120,12 @@ fn install_qemu(apt: &mut Apt, present: Option<Version>) {
             add_backports(apt).and_then(|()| apt.install(&[QEMU_PACKAGE], Some(BACKPORTS_SUITE)));
         match backports {
             Ok(()) => {
-                say(&format!(
-                    "installed QEMU {} from {BACKPORTS_SUITE}",
-                    qemu_version().map_or("?".into(), |v| v.to_string())
-                ));
+                match qemu_version() {
+                    Some(v) => say(&format!("installed QEMU {v} from {BACKPORTS_SUITE}")),
+                    None => say(&format!(
+                        "installed {QEMU_PACKAGE} from {BACKPORTS_SUITE}, but {QEMU} does not run"
+                    )),
+                }
                 return;
             }
             Err(e) => say(&format!(
