@@ -107,9 +107,9 @@ fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// The hash of the config file's own pool list, leaving out config-owned fields.
-fn config_pools_hash(config: &Config) -> String {
-    let targets: Vec<api::PoolTarget> = config
+/// The config file's own pool list as warm targets (config-owned fields left out).
+fn config_targets(config: &Config) -> Vec<api::PoolTarget> {
+    config
         .pools
         .iter()
         .map(|p| api::PoolTarget {
@@ -118,8 +118,12 @@ fn config_pools_hash(config: &Config) -> String {
             warm: p.warm,
             warm_max: p.warm_max,
         })
-        .collect();
-    sha256_hex(&serde_json::to_vec(&targets).unwrap_or_default())
+        .collect()
+}
+
+/// The hash of the config file's own pool list, leaving out config-owned fields.
+fn config_pools_hash(config: &Config) -> String {
+    sha256_hex(&serde_json::to_vec(&config_targets(config)).unwrap_or_default())
 }
 
 impl Pools {
@@ -135,16 +139,7 @@ impl Pools {
             .map_err(Error::io("creating goldens dir"))?;
         let config_hash = config_pools_hash(&config);
         let mut warnings = Vec::new();
-        let mut targets: Vec<api::PoolTarget> = config
-            .pools
-            .iter()
-            .map(|p| api::PoolTarget {
-                template: p.template.clone(),
-                size: p.size.clone(),
-                warm: p.warm,
-                warm_max: p.warm_max,
-            })
-            .collect();
+        let mut targets = config_targets(&config);
         let saved_path = config.data_dir.join("pools.json");
         let mut persist = false;
         match std::fs::read(&saved_path) {
