@@ -11,7 +11,8 @@ use prometheus_client::registry::Registry;
 /// Label set naming where a claimed sandbox came from.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabel {
-    /// `warm` or `on_demand`.
+    /// The claim tier: `warm` (taken from the pool), `clone` (restored from a golden on
+    /// demand) or `cold` (booted on demand).
     pub source: &'static str,
 }
 

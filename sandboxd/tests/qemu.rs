@@ -275,6 +275,11 @@ async fn golden_clones_identity_exec_relay_kill() {
         uuids.push(lines[4].to_string());
     }
     assert_ne!(hostnames[0], hostnames[1], "clones share a hostname");
+    let metrics = d.call("GET", "/metrics", Some(ROOT), None).await.text();
+    assert!(
+        metrics.contains("sandboxd_claims_total{source=\"warm\"} 2"),
+        "two warm claims in the metrics: {metrics}"
+    );
     assert_ne!(uuids[0], uuids[1], "clones share their randomness");
 
     // Clones write memory: 64 MiB each, then the golden file must be byte-identical.
