@@ -62,17 +62,21 @@ impl Sandbox {
         self.guest.failure().or(seen)
     }
 
-    /// After a channel error: gives the engine a moment to confirm that the guest died
-    /// (its supervisor sees the exit a few ms after the channel drops), so the answer can
-    /// say what happened instead of "connection closed". Returns the failure, if any.
-    pub async fn settle_failure(&self) -> Option<String> {
+    /// Turns a channel error into the sandbox's failure when the guest turns out to have
+    /// died: the engine's supervisor sees the exit a few ms after the channel drops, so
+    /// it gets up to 500 ms to confirm, and the answer says what happened instead of
+    /// "connection closed". Any other error is returned as it is.
+    pub async fn explain(&self, e: Error) -> Error {
+        if !matches!(e, Error::Guest(_) | Error::Wire(_)) {
+            return e;
+        }
         for _ in 0..50 {
-            if let Some(f) = self.guest.failure() {
-                return Some(f);
+            if self.guest.failure().is_some() {
+                break;
             }
             tokio::time::sleep(std::time::Duration::from_millis(10)).await;
         }
-        self.failure()
+        self.failed_error().unwrap_or(e)
     }
 
     /// The error to answer exec and relay with once the sandbox has failed.

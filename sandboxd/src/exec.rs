@@ -167,15 +167,11 @@ pub fn spawn(
     tokio::spawn(async move {
         let outcome = match sandbox.failed_error() {
             Some(e) => Err(e),
-            None => run(&execs, &sandbox, req, &mut tx).await,
-        };
-        // A guest that died mid-exec shows as a closed channel; say what really happened.
-        let outcome = match outcome {
-            Err(e @ (Error::Guest(_) | Error::Wire(_))) => match sandbox.settle_failure().await {
-                Some(_) => Err(sandbox.failed_error().expect("settled")),
-                None => Err(e),
+            // A guest that died mid-exec shows as a closed channel; say what happened.
+            None => match run(&execs, &sandbox, req, &mut tx).await {
+                Err(e) => Err(sandbox.explain(e).await),
+                ok => ok,
             },
-            other => other,
         };
         drop(admitted);
         let _ = tx.send(outcome);

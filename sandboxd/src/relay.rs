@@ -42,10 +42,7 @@ pub async fn start(
         Ok(s) => s,
         Err(e) => {
             sandbox.mark_failed(&e.to_string());
-            return Err(match sandbox.settle_failure().await {
-                Some(_) => sandbox.failed_error().expect("settled"),
-                None => e,
-            });
+            return Err(sandbox.explain(e).await);
         }
     };
     let upgrade = hyper::upgrade::on(&mut req);

@@ -17,14 +17,7 @@ async fn kill_from_a_second_connection_takes_the_whole_group() {
         .await;
     let pid = runner.started().await;
     // Let sh start both sleeps.
-    let start = std::time::Instant::now();
-    while common::group_members(pid).len() < 3 {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "group never formed"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::wait_group_size(pid, 3).await;
     let mut other = silkd.connect().await;
     assert_eq!(
         other.rpc(Request::Kill { pid, signal: None }).await,
@@ -77,14 +70,7 @@ async fn disconnect_kills_a_silent_child() {
     c.send(exec_req(&["sh", "-c", "sleep 600 & sleep 600; wait"]))
         .await;
     let pid = c.started().await;
-    let start = std::time::Instant::now();
-    while common::group_members(pid).len() < 3 {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "group never formed"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    common::wait_group_size(pid, 3).await;
     drop(c);
     let left = wait_group_gone(pid, Duration::from_secs(3)).await;
     assert!(left.is_empty(), "left running after disconnect: {left:?}");

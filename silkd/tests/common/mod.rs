@@ -227,3 +227,15 @@ pub async fn wait_group_gone(pgid: u32, within: Duration) -> Vec<u32> {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Waits (bounded) until at least `n` live processes are in group `pgid`.
+pub async fn wait_group_size(pgid: u32, n: usize) {
+    let start = Instant::now();
+    while group_members(pgid).len() < n {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "group {pgid} never reached {n} processes"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
