@@ -7,7 +7,8 @@
 //! - [`node`]: shared state and the lifecycle (claim, release, TTL reaper, shutdown).
 //! - [`claims`]: the registry of claimed sandboxes, limits, deadlines.
 //! - [`pool`]: warm pools, goldens and their stamps, refill, persisted targets.
-//! - [`exec`]: buffered exec: admission, bounded collection, kill on give-up, body encoder.
+//! - [`exec`]: buffered exec: admission, bounded capture (budget, spill), kill on give-up;
+//!   the JSON body is encoded next to its route, in `api/exec.rs`.
 //! - [`relay`]: the `Upgrade: silkd` byte relay.
 //! - [`guest`]: RPCs sandboxd makes to silkd itself (Info, Kill, warmup).
 //! - [`engine`]: the engine trait and the `process` engine (bubblewrap + cgroups).

@@ -3,6 +3,7 @@
 //! `sandboxes.rs` (per-sandbox and claim routes) and `node.rs` (node-wide routes); they
 //! turn requests into calls on [`Node`] and never touch guests directly.
 
+mod exec;
 mod node;
 mod sandboxes;
 
@@ -18,6 +19,8 @@ use hyper::{Method, Request, Response, StatusCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+use crate::auth::{require_sandbox, Caller};
+use crate::claims::Sandbox;
 use crate::error::Error;
 use crate::node::Node;
 
@@ -208,6 +211,13 @@ async fn read_json<T: DeserializeOwned>(
     serde_json::from_slice(bytes).map_err(|e| Error::BadRequest(format!("invalid JSON body: {e}")))
 }
 
+/// Resolves a per-sandbox route's target for `caller`: 403 for a caller kind that may not
+/// call it, 404 for an unknown id or another sandbox's token.
+fn sandbox_for(node: &Node, caller: &Caller, id: &str) -> Result<Arc<Sandbox>, Error> {
+    require_sandbox(caller, id)?;
+    node.sandbox(id)
+}
+
 /// Serves one request; never fails (errors become JSON answers).
 pub async fn handle(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     let method = req.method().clone();
@@ -243,7 +253,7 @@ async fn dispatch(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Bo
         Route::Get => sandboxes::get(&node, &caller, &id),
         Route::Release => sandboxes::release(&node, &caller, &id).await,
         Route::Renew => sandboxes::renew(&node, &caller, &id, req).await,
-        Route::Exec => sandboxes::exec(&node, &caller, &id, req).await,
+        Route::Exec => exec::exec(&node, &caller, &id, req).await,
         Route::Agent => sandboxes::agent(&node, &caller, &id, req).await,
     }
 }

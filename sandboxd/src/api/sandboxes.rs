@@ -1,24 +1,16 @@
-//! Claim and per-sandbox routes: claim, list, get, release, renew, exec, agent relay.
+//! Claim and per-sandbox routes: claim, list, get, release, renew, agent relay.
 //! Authorization order: authenticate (401), check the caller kind (403), then look the id
 //! up, where a foreign sandbox token looks exactly like an unknown id (404).
 
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::{Request, Response, StatusCode};
 
-use super::{empty, json, read_json, Body};
+use super::{empty, json, read_json, sandbox_for, Body};
 use crate::auth::{require_claimer, require_root, require_sandbox, Caller};
-use crate::claims::Sandbox;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::node::Node;
-use crate::{exec, relay};
-
-/// Resolves a per-sandbox route's target for `caller`.
-fn target(node: &Node, caller: &Caller, id: &str) -> Result<std::sync::Arc<Sandbox>> {
-    require_sandbox(caller, id)?;
-    node.sandbox(id)
-}
+use crate::relay;
 
 pub(super) async fn claim(
     node: &Node,
@@ -67,40 +59,10 @@ pub(super) async fn renew(
     id: &str,
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let sandbox = target(node, caller, id)?;
+    let sandbox = sandbox_for(node, caller, id)?;
     let body: api::RenewRequest = read_json(req, false).await?;
     let deadline = node.renew(&sandbox, body.ttl_seconds)?;
     Ok(json(StatusCode::OK, &api::RenewResponse { deadline }))
-}
-
-pub(super) async fn exec(
-    node: &Node,
-    caller: &Caller,
-    id: &str,
-    req: Request<Incoming>,
-) -> Result<Response<Body>> {
-    let sandbox = target(node, caller, id)?;
-    let body: api::ExecRequest = read_json(req, false).await?;
-    exec::validate(&body)?;
-    let encoding = body.encoding.unwrap_or_default();
-    let admitted = node.execs.admit()?;
-    let outcome = exec::spawn(node.execs.clone(), admitted, sandbox, body).await;
-    let status = match &outcome {
-        Ok(Ok(_)) => 200,
-        Ok(Err(e)) => super::status_of(e).as_u16(),
-        Err(_) => 500,
-    };
-    node.metrics
-        .execs
-        .get_or_create(&crate::metrics::StatusLabel { status })
-        .inc();
-    let finished = outcome.map_err(|_| Error::Guest("exec task ended without answer".into()))??;
-    let mut resp = Response::new(exec::encode_body(finished, encoding).boxed());
-    resp.headers_mut().insert(
-        hyper::header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    Ok(resp)
 }
 
 pub(super) async fn agent(
@@ -110,7 +72,7 @@ pub(super) async fn agent(
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
     relay::check_upgrade(&req)?;
-    let sandbox = target(node, caller, id)?;
+    let sandbox = sandbox_for(node, caller, id)?;
     node.metrics.relays.inc();
     relay::start(&sandbox, req).await
 }
