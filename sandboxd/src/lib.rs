@@ -9,7 +9,7 @@
 //! - [`pool`]: warm pools, goldens and their stamps, refill, persisted targets.
 //! - [`exec`]: buffered exec: admission, bounded capture (budget, spill), kill on give-up;
 //!   the JSON body is encoded next to its route, in `api/exec.rs`.
-//! - [`relay`]: the `Upgrade: silkd` byte relay.
+//! - [`relay`]: the relay's byte pipe (dial, then copy both ways); the upgrade is `api/agent.rs`.
 //! - [`guest`]: RPCs sandboxd makes to silkd itself (Info, Kill, warmup).
 //! - [`engine`]: the engine trait and the `process` engine (bubblewrap + cgroups).
 //! - [`metrics`]: Prometheus metrics.

@@ -1,10 +1,13 @@
 //! The HTTP surface: the route table, dispatch, strict JSON bodies (1 MiB cap, unknown
-//! fields rejected), and the one place an [`Error`] becomes a status. Handlers live in
-//! `sandboxes.rs` (per-sandbox and claim routes) and `node.rs` (node-wide routes); they
-//! turn requests into calls on [`Node`] and never touch guests directly.
+//! fields rejected), and the one place an [`Error`] becomes a status. Handlers, one file
+//! per resource: `sandboxes.rs` (claim, list, get, release, renew), `exec.rs` (buffered
+//! exec and its streamed body), `agent.rs` (the `Upgrade: silkd` relay), `operator.rs`
+//! (root-only node routes). They turn requests into calls on [`Node`], the exec and
+//! relay modules; nothing below this layer knows about HTTP statuses.
 
+mod agent;
 mod exec;
-mod node;
+mod operator;
 mod sandboxes;
 
 use std::convert::Infallible;
@@ -182,7 +185,7 @@ fn full(bytes: impl Into<Bytes>) -> Body {
 }
 
 /// An empty body.
-pub fn empty() -> Body {
+fn empty() -> Body {
     full(Bytes::new())
 }
 
@@ -245,16 +248,16 @@ async fn dispatch(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Bo
     let id = id.unwrap_or_default();
     match route {
         Route::Healthz => unreachable!("answered before authentication"),
-        Route::Metrics => node::metrics(&node, &caller),
-        Route::Info => node::info(&node, &caller),
-        Route::Pools => node::put_pools(&node, &caller, req).await,
+        Route::Metrics => operator::metrics(&node, &caller),
+        Route::Info => operator::info(&node, &caller),
+        Route::Pools => operator::put_pools(&node, &caller, req).await,
         Route::Claim => sandboxes::claim(&node, &caller, req).await,
         Route::List => sandboxes::list(&node, &caller),
         Route::Get => sandboxes::get(&node, &caller, &id),
         Route::Release => sandboxes::release(&node, &caller, &id).await,
         Route::Renew => sandboxes::renew(&node, &caller, &id, req).await,
         Route::Exec => exec::exec(&node, &caller, &id, req).await,
-        Route::Agent => sandboxes::agent(&node, &caller, &id, req).await,
+        Route::Agent => agent::agent(&node, &caller, &id, req).await,
     }
 }
 

@@ -1,4 +1,4 @@
-//! Claim and per-sandbox routes: claim, list, get, release, renew, agent relay.
+//! Claim and per-sandbox routes: claim, list, get, release, renew.
 //! Authorization order: authenticate (401), check the caller kind (403), then look the id
 //! up, where a foreign sandbox token looks exactly like an unknown id (404).
 
@@ -10,7 +10,6 @@ use super::{empty, json, read_json, sandbox_for, Body};
 use crate::auth::{require_claimer, require_root, require_sandbox, Caller};
 use crate::error::Result;
 use crate::node::Node;
-use crate::relay;
 
 pub(super) async fn claim(
     node: &Node,
@@ -63,16 +62,4 @@ pub(super) async fn renew(
     let body: api::RenewRequest = read_json(req, false).await?;
     let deadline = node.renew(&sandbox, body.ttl_seconds)?;
     Ok(json(StatusCode::OK, &api::RenewResponse { deadline }))
-}
-
-pub(super) async fn agent(
-    node: &Node,
-    caller: &Caller,
-    id: &str,
-    req: Request<Incoming>,
-) -> Result<Response<Body>> {
-    relay::check_upgrade(&req)?;
-    let sandbox = sandbox_for(node, caller, id)?;
-    node.metrics.relays.inc();
-    relay::start(&sandbox, req).await
 }

@@ -1,4 +1,5 @@
-//! Node-wide routes: `GET /v1/info`, `PUT /v1/pools`, `GET /metrics` (all root only).
+//! The operator's node-wide routes, all root only: `GET /v1/info`, `PUT /v1/pools`,
+//! `GET /metrics`.
 
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONTENT_TYPE};

@@ -1,0 +1,55 @@
+//! `GET /v1/sandboxes/{id}/agent`: the `Upgrade: silkd` check (426), the guest dialled
+//! before any 101 (502 if unreachable), then `101 Switching Protocols` and the relay.
+
+use hyper::body::Incoming;
+use hyper::header::{HeaderValue, CONNECTION, UPGRADE};
+use hyper::{Request, Response, StatusCode};
+
+use super::{empty, sandbox_for, Body};
+use crate::auth::Caller;
+use crate::error::{Error, Result};
+use crate::node::Node;
+use crate::relay;
+
+/// The protocol name clients must ask for.
+pub const PROTOCOL: &str = "silkd";
+
+pub(super) async fn agent(
+    node: &Node,
+    caller: &Caller,
+    id: &str,
+    mut req: Request<Incoming>,
+) -> Result<Response<Body>> {
+    check_upgrade(&req)?;
+    let sandbox = sandbox_for(node, caller, id)?;
+    node.metrics.relays.inc();
+    let guest_stream = relay::dial(&sandbox).await?;
+    relay::spawn(
+        sandbox.id.clone(),
+        hyper::upgrade::on(&mut req),
+        guest_stream,
+    );
+    let mut resp = Response::new(empty());
+    *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    resp.headers_mut()
+        .insert(UPGRADE, HeaderValue::from_static(PROTOCOL));
+    resp.headers_mut()
+        .insert(CONNECTION, HeaderValue::from_static("upgrade"));
+    Ok(resp)
+}
+
+/// 426 unless the request asks to upgrade to `silkd`.
+fn check_upgrade(req: &Request<Incoming>) -> Result<()> {
+    let wants = req
+        .headers()
+        .get_all(UPGRADE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|p| p.trim().eq_ignore_ascii_case(PROTOCOL));
+    if wants {
+        Ok(())
+    } else {
+        Err(Error::UpgradeRequired)
+    }
+}
