@@ -433,18 +433,9 @@ impl Config {
                 ));
             }
         }
-        let mut keys = HashSet::new();
+        self.check_targets(&self.pool_targets())
+            .map_err(|e| Error::Config(e.to_string()))?;
         for p in &self.pools {
-            self.check_pool_key(&p.template, &p.size)?;
-            if !keys.insert((p.template.as_str(), p.size.as_str())) {
-                return bad(format!("pool {}/{} appears twice", p.template, p.size));
-            }
-            if p.warm > p.warm_max {
-                return bad(format!(
-                    "pool {}/{}: warm {} exceeds warm_max {}",
-                    p.template, p.size, p.warm, p.warm_max
-                ));
-            }
             if let Some(w) = &p.warmup {
                 if w.is_empty() || w[0].is_empty() {
                     return bad(format!(
@@ -458,7 +449,8 @@ impl Config {
         if template.is_empty() || size.is_empty() {
             return bad("no default template/size: set default_template and default_size".into());
         }
-        self.check_pool_key(&template, &size)?;
+        self.check_pool_key(&template, &size)
+            .map_err(|e| Error::Config(format!("default pool: {e}")))?;
         if self.exec.max_output_bytes == 0
             || self.exec.memory_budget_bytes == 0
             || self.exec.max_in_flight == 0
@@ -468,15 +460,57 @@ impl Config {
         Ok(())
     }
 
-    /// Errors unless both names are configured.
+    /// Errors unless both names are configured ([`Error::UnknownName`], a 400 on the API).
     pub fn check_pool_key(&self, template: &str, size: &str) -> Result<()> {
         if !self.templates.contains_key(template) {
-            return Err(Error::Config(format!("unknown template {template:?}")));
+            return Err(Error::UnknownName {
+                kind: "template",
+                name: template.into(),
+            });
         }
         if !self.sizes.contains_key(size) {
-            return Err(Error::Config(format!("unknown size {size:?}")));
+            return Err(Error::UnknownName {
+                kind: "size",
+                name: size.into(),
+            });
         }
         Ok(())
+    }
+
+    /// The one check of a list of warm targets, for the config file's `[[pools]]` and for
+    /// `PUT /v1/pools` alike: known template and size, no pool twice, `warm <= warm_max`.
+    /// Errors are the API's (unknown name or bad request); the config wraps them.
+    pub fn check_targets(&self, targets: &[api::PoolTarget]) -> Result<()> {
+        let mut seen = HashSet::new();
+        for t in targets {
+            self.check_pool_key(&t.template, &t.size)?;
+            if !seen.insert((t.template.as_str(), t.size.as_str())) {
+                return Err(Error::BadRequest(format!(
+                    "pool {}/{} appears twice",
+                    t.template, t.size
+                )));
+            }
+            if t.warm > t.warm_max {
+                return Err(Error::BadRequest(format!(
+                    "pool {}/{}: warm {} exceeds warm_max {}",
+                    t.template, t.size, t.warm, t.warm_max
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The config file's own `[[pools]]` as warm targets (config-owned fields left out).
+    pub fn pool_targets(&self) -> Vec<api::PoolTarget> {
+        self.pools
+            .iter()
+            .map(|p| api::PoolTarget {
+                template: p.template.clone(),
+                size: p.size.clone(),
+                warm: p.warm,
+                warm_max: p.warm_max,
+            })
+            .collect()
     }
 
     /// The (template, size) a claim without names gets.

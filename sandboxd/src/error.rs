@@ -24,6 +24,14 @@ pub enum Error {
     /// The caller's request is malformed or names something unknown.
     #[error("{0}")]
     BadRequest(String),
+    /// A template or size name the config does not define.
+    #[error("unknown {kind} {name:?}")]
+    UnknownName {
+        /// `template` or `size`.
+        kind: &'static str,
+        /// The name asked for.
+        name: String,
+    },
     /// The request body is over the 1 MiB cap.
     #[error("request body over {limit} bytes")]
     BodyTooLarge {

@@ -132,7 +132,7 @@ fn match_pattern(pattern: &str, path: &str) -> Option<Option<String>> {
 /// The one mapping from an error to an HTTP status.
 pub fn status_of(error: &Error) -> StatusCode {
     match error {
-        Error::BadRequest(_) => StatusCode::BAD_REQUEST,
+        Error::BadRequest(_) | Error::UnknownName { .. } => StatusCode::BAD_REQUEST,
         Error::Unauthorized => StatusCode::UNAUTHORIZED,
         Error::Forbidden => StatusCode::FORBIDDEN,
         Error::NotFound => StatusCode::NOT_FOUND,
