@@ -3,7 +3,7 @@
 //! deadlines, and the list of expired sandboxes the TTL reaper destroys.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -13,6 +13,7 @@ use subtle::ConstantTimeEq;
 
 use crate::engine::Guest;
 use crate::error::{Error, Result};
+pub use crate::sandbox::Sandbox;
 
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> u64 {
@@ -20,88 +21,6 @@ pub fn now_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-/// One claimed sandbox.
-pub struct Sandbox {
-    /// Public id.
-    pub id: String,
-    token: String,
-    /// Template name.
-    pub template: String,
-    /// Size name.
-    pub size: String,
-    /// Tenant that claimed it.
-    pub tenant: Option<String>,
-    deadline_ms: AtomicU64,
-    /// The running guest.
-    pub guest: Arc<dyn Guest>,
-    failure: Mutex<Option<String>>,
-}
-
-impl Sandbox {
-    /// Deadline in Unix seconds.
-    pub fn deadline(&self) -> u64 {
-        self.deadline_ms.load(Ordering::SeqCst) / 1000
-    }
-
-    /// Records that the guest is unreachable; exec and relay keep answering 502.
-    pub fn mark_failed(&self, why: &str) {
-        let why = self.guest.failure().unwrap_or_else(|| why.to_string());
-        self.failure
-            .lock()
-            .expect("failure lock")
-            .get_or_insert(why);
-    }
-
-    /// Why the sandbox is unusable, if it is: a failure seen on its channel, or its
-    /// guest dying on its own (reported by the engine without a round trip).
-    pub fn failure(&self) -> Option<String> {
-        // The engine's own account (e.g. "QEMU exited ...") beats a channel symptom.
-        let seen = self.failure.lock().expect("failure lock").clone();
-        self.guest.failure().or(seen)
-    }
-
-    /// Turns a channel error into the sandbox's failure when the guest turns out to have
-    /// died: the engine's supervisor sees the exit a few ms after the channel drops, so
-    /// it gets up to 500 ms to confirm, and the answer says what happened instead of
-    /// "connection closed". Any other error is returned as it is.
-    pub async fn explain(&self, e: Error) -> Error {
-        if !matches!(e, Error::Guest(_) | Error::Wire(_)) {
-            return e;
-        }
-        for _ in 0..50 {
-            if self.guest.failure().is_some() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-        }
-        self.failed_error().unwrap_or(e)
-    }
-
-    /// The error to answer exec and relay with once the sandbox has failed.
-    pub fn failed_error(&self) -> Option<Error> {
-        self.failure()
-            .map(|f| Error::Guest(format!("sandbox {} has failed: {f}", self.id)))
-    }
-
-    /// The list row (never the token).
-    pub fn summary(&self) -> api::SandboxSummary {
-        let error = self.failure();
-        api::SandboxSummary {
-            id: self.id.clone(),
-            template: self.template.clone(),
-            size: self.size.clone(),
-            deadline: self.deadline(),
-            state: if error.is_some() {
-                api::SandboxState::Failed
-            } else {
-                api::SandboxState::Ready
-            },
-            tenant: self.tenant.clone(),
-            error,
-        }
-    }
 }
 
 /// Tokens of released sandboxes stay known (answering 404, not 401) for this many releases,
@@ -201,16 +120,15 @@ impl Claims {
         let token = hex::encode(raw);
         let mut id_raw = [0u8; 8];
         rand::rngs::OsRng.fill_bytes(&mut id_raw);
-        let sandbox = Arc::new(Sandbox {
-            id: format!("sb-{}", hex::encode(id_raw)),
-            token: token.clone(),
+        let sandbox = Arc::new(Sandbox::new(
+            format!("sb-{}", hex::encode(id_raw)),
+            token.clone(),
             template,
             size,
-            tenant: slot.tenant.take(),
-            deadline_ms: AtomicU64::new(deadline_ms),
+            slot.tenant.take(),
+            deadline_ms,
             guest,
-            failure: Mutex::new(None),
-        });
+        ));
         slot.armed = false;
         let mut inner = self.inner.lock().expect("claims lock");
         inner.by_token.insert(digest(&token), sandbox.id.clone());

@@ -67,6 +67,10 @@ pub enum Error {
     /// The guest could not be reached, or answered something it should not have.
     #[error("guest: {0}")]
     Guest(String),
+    /// The HTTP client hung up or stopped reading; nobody is left to answer. Not a guest
+    /// failure: logs and metrics count it apart (status 499, never sent).
+    #[error("client gone: {0}")]
+    ClientGone(&'static str),
     /// A frame could not be read or written on the guest channel.
     #[error("guest channel: {0}")]
     Wire(#[from] wire::Error),

@@ -6,6 +6,7 @@
 //! - [`auth`]: root, tenant and sandbox tokens; who may call what.
 //! - [`node`]: shared state and the lifecycle (claim, release, TTL reaper, shutdown).
 //! - [`claims`]: the registry of claimed sandboxes, limits, deadlines.
+//! - [`sandbox`]: one claimed sandbox: identity, deadline, guest, and whether it failed.
 //! - [`pool`]: warm pools, goldens and their stamps, refill, persisted targets.
 //! - [`exec`]: buffered exec: admission, bounded capture (budget, spill), kill on give-up;
 //!   the JSON body is encoded next to its route, in `api/exec.rs`.
@@ -29,6 +30,7 @@ pub mod metrics;
 pub mod node;
 pub mod pool;
 pub mod relay;
+pub mod sandbox;
 
 use std::future::Future;
 use std::sync::Arc;

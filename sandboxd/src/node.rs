@@ -98,7 +98,8 @@ impl Node {
         Ok(node)
     }
 
-    /// Claims a sandbox: reserve a slot (429), take a warm guest that still answers `Info`,
+    /// Claims a sandbox: reserve a slot (429), take a warm guest whose engine has not
+    /// recorded its death (no round trip: it answered `Info` when it joined the pool),
     /// else start one on demand.
     pub async fn claim(&self, tenant: Option<&str>, req: api::ClaimRequest) -> Result<Claimed> {
         let started = Instant::now();
@@ -118,7 +119,7 @@ impl Node {
         let ttl = ttl.min(self.config.max_ttl_seconds);
         let slot = self.claims.reserve(tenant)?;
         let mut source = "warm";
-        // A warm guest answered `Info` when it joined the pool; the engine reports a death
+        // A warm guest answered `Info` when it joined the pool; its fate reports a death
         // since then without a round trip, which keeps this path well under a millisecond.
         let guest: Arc<dyn Guest> = loop {
             match self.pools.take_warm(&key) {

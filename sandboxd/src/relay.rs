@@ -18,10 +18,7 @@ pub async fn dial(sandbox: &Sandbox) -> Result<GuestStream> {
     }
     match sandbox.guest.dial().await {
         Ok(s) => Ok(s),
-        Err(e) => {
-            sandbox.mark_failed(&e.to_string());
-            Err(sandbox.explain(e).await)
-        }
+        Err(e) => Err(sandbox.explain(e).await),
     }
 }
 

@@ -11,7 +11,7 @@ use futures::{SinkExt, StreamExt};
 use sandboxd::api::status_of;
 use sandboxd::claims::{now_ms, Claims, Sandbox};
 use sandboxd::config::ExecConfig;
-use sandboxd::engine::{Guest, GuestStream};
+use sandboxd::engine::{Fate, Guest, GuestStream};
 use sandboxd::exec::{self, Execs};
 use sandboxd::metrics::Metrics;
 use tokio_util::codec::Framed;
@@ -41,6 +41,8 @@ struct FakeGuest {
     /// Pids of `Kill` requests, each received on its own connection.
     kills: Arc<Mutex<Vec<u32>>>,
     connections: Arc<Mutex<u32>>,
+    /// Never written: the fake never dies.
+    fate: Fate,
 }
 
 impl Guest for FakeGuest {
@@ -108,6 +110,10 @@ impl Guest for FakeGuest {
     fn destroy(&self) -> BoxFuture<'_, ()> {
         Box::pin(async {})
     }
+
+    fn fate(&self) -> &Fate {
+        &self.fate
+    }
 }
 
 struct Outcome {
@@ -132,6 +138,7 @@ async fn run(script: Script, timeout_seconds: Option<f64>) -> Outcome {
         script,
         kills: kills.clone(),
         connections: connections.clone(),
+        fate: Fate::new(),
     });
     let claims = Claims::new(4, Default::default());
     let slot = claims.reserve(None).unwrap();

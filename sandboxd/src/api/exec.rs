@@ -36,18 +36,20 @@ pub(super) async fn exec(
     exec::validate(&body)?;
     let encoding = body.encoding.unwrap_or_default();
     let admitted = node.execs.admit()?;
-    let outcome = exec::spawn(node.execs.clone(), admitted, sandbox, body).await;
+    // A lost exec task (it panicked) is answered like a guest failure, and counted as
+    // what it is answered with.
+    let outcome = exec::spawn(node.execs.clone(), admitted, sandbox, body)
+        .await
+        .unwrap_or_else(|_| Err(Error::Guest("the exec task ended without an answer".into())));
     let status = match &outcome {
-        Ok(Ok(_)) => 200,
-        Ok(Err(e)) => status_of(e).as_u16(),
-        Err(_) => 500,
+        Ok(_) => 200,
+        Err(e) => status_of(e).as_u16(),
     };
     node.metrics
         .execs
         .get_or_create(&StatusLabel { status })
         .inc();
-    let finished = outcome.map_err(|_| Error::Guest("exec task ended without answer".into()))??;
-    let mut resp = Response::new(encode_body(finished, encoding).boxed());
+    let mut resp = Response::new(encode_body(outcome?, encoding).boxed());
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     Ok(resp)
@@ -81,7 +83,7 @@ pub fn encode_body(finished: Finished, encoding: api::Encoding) -> StreamedBody 
     tokio::spawn(async move {
         if let Err(e) = write_body(finished, encoding, &tx).await {
             // Headers are gone already; cutting the body short is all that is left.
-            tracing::warn!("exec body cut short: {e}");
+            tracing::debug!("exec body cut short: {e}");
         }
     });
     StreamedBody { rx }
@@ -95,7 +97,7 @@ async fn write_body(
     let send = |b: Vec<u8>| async move {
         tx.send(Bytes::from(b))
             .await
-            .map_err(|_| Error::Guest("client stopped reading".into()))
+            .map_err(|_| Error::ClientGone("the client stopped reading the exec body"))
     };
     let mut head = match finished.exit_code {
         Some(code) => format!("{{\"exit_code\":{code}"),

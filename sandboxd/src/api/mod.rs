@@ -93,6 +93,24 @@ impl Route {
         }
     }
 
+    /// Every status the route can answer with (405 and the unknown-path 404 aside, which
+    /// any path can get). `docs/api.md` lists each one under the route's heading; a test
+    /// checks it.
+    pub fn statuses(self) -> &'static [u16] {
+        // 401/403: any authenticated route; 413: any route that reads a body.
+        match self {
+            Route::Healthz => &[200],
+            Route::Metrics | Route::Info | Route::List => &[200, 401, 403],
+            Route::Pools => &[200, 400, 401, 403, 413, 500],
+            Route::Claim => &[200, 400, 401, 403, 413, 429, 500, 502, 503],
+            Route::Get => &[200, 401, 403, 404],
+            Route::Release => &[204, 401, 403, 404],
+            Route::Renew => &[200, 400, 401, 403, 404, 413],
+            Route::Exec => &[200, 400, 401, 403, 404, 413, 500, 502, 503, 504],
+            Route::Agent => &[101, 401, 403, 404, 426, 502],
+        }
+    }
+
     /// Finds the route for a request: 404 for an unknown path, 405 for a known path with
     /// another method. Returns the `{id}` segment when the pattern has one.
     pub fn find(method: &Method, path: &str) -> Result<(Route, Option<String>), Error> {
@@ -129,6 +147,13 @@ fn match_pattern(pattern: &str, path: &str) -> Option<Option<String>> {
     }
 }
 
+/// nginx's "client closed request": counted in metrics and logs, never sent (nobody is
+/// left to read it).
+const CLIENT_GONE: StatusCode = match StatusCode::from_u16(499) {
+    Ok(s) => s,
+    Err(_) => panic!("499 is a valid status"),
+};
+
 /// The one mapping from an error to an HTTP status.
 pub fn status_of(error: &Error) -> StatusCode {
     match error {
@@ -143,6 +168,7 @@ pub fn status_of(error: &Error) -> StatusCode {
         Error::Busy { .. } | Error::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         Error::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         Error::Guest(_) | Error::Wire(_) => StatusCode::BAD_GATEWAY,
+        Error::ClientGone(_) => CLIENT_GONE,
         Error::Config(_) | Error::Engine(_) | Error::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -288,12 +314,27 @@ mod tests {
     }
 
     #[test]
-    fn every_route_is_documented() {
+    fn every_route_and_status_is_documented() {
         let doc = include_str!("../../../docs/api.md");
         for route in Route::ALL {
             let (method, pattern) = route.spec();
-            let heading = format!("`{method} {pattern}`");
-            assert!(doc.contains(&heading), "docs/api.md lacks {heading}");
+            let heading = format!("### `{method} {pattern}`");
+            let start = doc
+                .find(&heading)
+                .unwrap_or_else(|| panic!("docs/api.md lacks {heading}"));
+            let rest = &doc[start + heading.len()..];
+            let end = ["\n### ", "\n## "]
+                .iter()
+                .filter_map(|h| rest.find(h))
+                .min()
+                .unwrap_or(rest.len());
+            let section = &rest[..end];
+            for status in route.statuses() {
+                assert!(
+                    section.contains(&status.to_string()),
+                    "docs/api.md: {heading} does not mention status {status}"
+                );
+            }
         }
     }
 

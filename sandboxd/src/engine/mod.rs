@@ -7,17 +7,22 @@
 //!   runs the warmup between the two, through the guest channel);
 //! - `start`: a new guest, cloned from the sealed golden when there is one, else booted
 //!   cold; it returns once the guest's channel accepts connections;
-//! - per guest: `dial` a fresh stream to silkd, `destroy` (idempotent, kills everything).
+//! - per guest: `dial` a fresh stream to silkd, `destroy` (idempotent, kills everything),
+//!   and its [`Fate`]: every guest has a supervisor task that owns its process and
+//!   records, once, how it ended.
 //!
-//! The `qemu` engine (next issue) plugs in here: `boot_golden` boots with a shared memory
-//! file, `seal_golden` saves it with `x-ignore-shared`, `start` restores a clone and
-//! reseeds it, `dial` opens a yamux stream over the virtio-serial port.
+//! Engines: `process` (bubblewrap + cgroups) and `qemu` (`boot_golden` boots with a shared
+//! memory file, `seal_golden` saves it with `x-ignore-shared`, `start` restores a clone
+//! and reseeds it, `dial` opens a yamux stream over the virtio-serial port).
 
 pub mod cgroup;
+pub mod fate;
 pub mod process;
 pub mod qemu;
 
-use std::path::PathBuf;
+pub use self::fate::{Ending, Fate};
+
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
@@ -59,10 +64,12 @@ pub trait Guest: Send + Sync + 'static {
     /// Kills the guest and everything in it, and frees its resources. Idempotent; safe to
     /// call while other tasks still hold streams (they see EOF).
     fn destroy(&self) -> BoxFuture<'_, ()>;
+    /// How the guest ended, recorded by its engine's supervisor.
+    fn fate(&self) -> &Fate;
     /// Why the guest died on its own (its VM or namespace init exited), once it has.
     /// Cheap: no round trip to the guest.
     fn failure(&self) -> Option<String> {
-        None
+        self.fate().failure()
     }
     /// How the guest was made, for claim-tier metrics: `clone` (restored from a golden)
     /// or `cold` (booted).
@@ -91,4 +98,12 @@ pub trait Engine: Send + Sync + 'static {
     fn start<'a>(&'a self, spec: &'a GuestSpec) -> BoxFuture<'a, Result<Arc<dyn Guest>>>;
     /// Frees node-wide resources once every guest is destroyed (daemon shutdown).
     fn shutdown(&self) {}
+}
+
+/// The last `max` bytes of a log file, trimmed, lossily decoded, newlines shown as ` | `:
+/// for error messages about a guest that died. Empty when the file cannot be read.
+pub fn log_tail(path: &Path, max: usize) -> String {
+    let text = std::fs::read(path).unwrap_or_default();
+    let tail = String::from_utf8_lossy(&text[text.len().saturating_sub(max)..]).into_owned();
+    tail.trim().replace('\n', " | ")
 }

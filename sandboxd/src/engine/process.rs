@@ -21,9 +21,10 @@ use sha2::Digest;
 use tokio::io::AsyncReadExt;
 use tokio::net::UnixStream;
 use tokio::process::{Child, Command};
+use tokio::sync::watch;
 
 use super::cgroup::{Cgroup, Cgroups};
-use super::{Engine, Guest, GuestSpec, GuestStream};
+use super::{Engine, Fate, Guest, GuestSpec, GuestStream};
 use crate::error::{Error, Result};
 
 /// Inside the sandbox: the directory holding silkd's socket, and the socket.
@@ -151,13 +152,16 @@ impl ProcessEngine {
             std::fs::create_dir_all(dir.join(sub))
                 .map_err(Error::io(format!("creating {}", dir.display())))?;
         }
+        let (exited_tx, exited) = watch::channel(false);
         let guest = ProcessGuest {
             id: id.clone(),
             socket: dir.join("sock").join(SOCK_NAME),
             dir: dir.clone(),
             cgroup: Mutex::new(None),
-            child: tokio::sync::Mutex::new(None),
             pids: Mutex::new((None, None)),
+            fate: Fate::new(),
+            exited,
+            supervised: AtomicBool::new(false),
             destroyed: AtomicBool::new(false),
         };
         // From here on, dropping `guest` on an error path kills whatever was started.
@@ -206,9 +210,8 @@ impl ProcessEngine {
             .map_err(|e| Error::Engine(format!("spawning {}: {e}", self.bwrap.display())))?;
         drop(info_write);
         drop(procs);
-        let bwrap_pid = child.id().map(|p| p as i32);
-        *guest.child.lock().await = Some(child);
-        guest.pids.lock().expect("pids lock").0 = bwrap_pid;
+        guest.pids.lock().expect("pids lock").0 = child.id().map(|p| p as i32);
+        guest.supervise(child, exited_tx);
 
         let ns_init = tokio::time::timeout(INFO_FD_TIMEOUT, read_child_pid(info_read)).await;
         match ns_init {
@@ -316,13 +319,36 @@ struct ProcessGuest {
     dir: PathBuf,
     socket: PathBuf,
     cgroup: Mutex<Option<Cgroup>>,
-    child: tokio::sync::Mutex<Option<Child>>,
     /// (bwrap pid, pid-namespace init pid), as far as known.
     pids: Mutex<(Option<i32>, Option<i32>)>,
+    fate: Fate,
+    /// True once the supervisor reaped bwrap.
+    exited: watch::Receiver<bool>,
+    /// True once a supervisor owns bwrap (so `exited` will turn true).
+    supervised: AtomicBool,
     destroyed: AtomicBool,
 }
 
 impl ProcessGuest {
+    /// Hands bwrap to a task that waits for it; an exit nobody asked for is the guest's
+    /// failure (silkd, or the namespace init, died), recorded once in its [`Fate`].
+    fn supervise(&self, mut child: Child, exited: watch::Sender<bool>) {
+        self.supervised.store(true, Ordering::SeqCst);
+        let (fate, id, dir) = (self.fate.clone(), self.id.clone(), self.dir.clone());
+        tokio::spawn(async move {
+            let status = match child.wait().await {
+                Ok(s) => s.to_string(),
+                Err(e) => format!("waiting for bwrap: {e}"),
+            };
+            let tail = super::log_tail(&dir.join("log"), 600);
+            fate.fail(format!(
+                "sandbox {id} exited on its own (silkd or its namespace init died; \
+                 bwrap {status}); log: [{tail}]"
+            ));
+            let _ = exited.send(true);
+        });
+    }
+
     /// Polls for silkd's socket until it accepts, bwrap exits, or the bound passes.
     async fn wait_socket(&self, bound: Duration) -> Result<()> {
         let start = Instant::now();
@@ -330,12 +356,9 @@ impl ProcessGuest {
             if UnixStream::connect(&self.socket).await.is_ok() {
                 return Ok(());
             }
-            let exited = match self.child.lock().await.as_mut() {
-                Some(child) => child.try_wait().ok().flatten(),
-                None => None,
-            };
-            if let Some(status) = exited {
-                return Err(self.failed(format!("bwrap exited early ({status})")).await);
+            if *self.exited.borrow() {
+                let why = self.fate.failure().unwrap_or_default();
+                return Err(self.failed(format!("bwrap exited early: {why}")).await);
             }
             if start.elapsed() > bound {
                 return Err(self
@@ -348,11 +371,9 @@ impl ProcessGuest {
 
     /// Destroys a guest that failed to start and builds the error, with bwrap's log.
     async fn failed(&self, what: String) -> Error {
-        let log = std::fs::read_to_string(self.dir.join("log")).unwrap_or_default();
+        let tail = super::log_tail(&self.dir.join("log"), 2000);
         self.teardown().await;
-        let log = log.trim();
-        let tail = &log[log.len().saturating_sub(2000)..];
-        Error::Engine(format!("sandbox {}: {what}; log: {tail:?}", self.id))
+        Error::Engine(format!("sandbox {}: {what}; log: [{tail}]", self.id))
     }
 
     /// SIGKILLs the namespace init (the kernel then kills every process in the pid
@@ -371,6 +392,7 @@ impl ProcessGuest {
         if self.destroyed.swap(true, Ordering::SeqCst) {
             return;
         }
+        self.fate.destroyed();
         // The namespace init first: its death takes the whole pid namespace, and bwrap,
         // its parent, then reaps it and exits by itself. Killing bwrap first would orphan
         // the init to the host's pid 1, which may never reap it.
@@ -378,14 +400,13 @@ impl ProcessGuest {
         if let Some(pid) = init {
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
-        if let Some(mut child) = self.child.lock().await.take() {
-            let exited = tokio::time::timeout(Duration::from_secs(1), child.wait()).await;
-            if exited.is_err() {
+        if self.supervised.load(Ordering::SeqCst) {
+            let mut exited = self.exited.clone();
+            let reaped = tokio::time::timeout(Duration::from_secs(1), exited.wait_for(|e| *e));
+            if reaped.await.is_err() {
                 self.kill_now();
-                if tokio::time::timeout(Duration::from_secs(5), child.wait())
-                    .await
-                    .is_err()
-                {
+                let reaped = tokio::time::timeout(Duration::from_secs(5), exited.wait_for(|e| *e));
+                if reaped.await.is_err() {
                     tracing::warn!(id = %self.id, "bwrap did not exit 5 s after SIGKILL");
                 }
             }
@@ -425,24 +446,8 @@ impl Guest for ProcessGuest {
         Box::pin(self.teardown())
     }
 
-    fn failure(&self) -> Option<String> {
-        if self.destroyed.load(Ordering::SeqCst) {
-            return None;
-        }
-        // bwrap is our child and stays a zombie until `teardown` reaps it, so its pid
-        // cannot be reused meanwhile: a zombie (or a missing entry) means the sandbox died.
-        let bwrap = self.pids.lock().expect("pids lock").0?;
-        let stat = std::fs::read_to_string(format!("/proc/{bwrap}/stat")).unwrap_or_default();
-        let state = stat
-            .rsplit_once(") ")
-            .and_then(|(_, rest)| rest.chars().next());
-        match state {
-            Some('Z') | Some('X') | None => Some(format!(
-                "sandbox {} exited on its own (silkd or its namespace init died)",
-                self.id
-            )),
-            Some(_) => None,
-        }
+    fn fate(&self) -> &Fate {
+        &self.fate
     }
 }
 

@@ -96,9 +96,7 @@ async fn run(
     client: &mut oneshot::Sender<Result<Finished>>,
 ) -> Result<Finished> {
     let guest = &*sandbox.guest;
-    let mut conn = guest::connect(guest).await.inspect_err(|e| {
-        sandbox.mark_failed(&e.to_string());
-    })?;
+    let mut conn = guest::connect(guest).await?;
     let timeout = req.timeout_seconds.map(Duration::from_secs_f64);
     conn.send(Request::Exec {
         argv: req.argv,
@@ -171,7 +169,7 @@ async fn run(
         GiveUp::TooLarge => Error::OutputTooLarge {
             limit: execs.max_output,
         },
-        GiveUp::ClientGone => Error::Guest("the client went away".into()),
+        GiveUp::ClientGone => Error::ClientGone("the client hung up before the exec finished"),
         GiveUp::Guest(e) => e,
     })
 }

@@ -32,7 +32,7 @@ use tokio::sync::{oneshot, watch};
 use self::channel::Channel;
 use self::cmdline::{Accel, Launch, Machine, Memory};
 use self::qmp::Qmp;
-use super::{Engine, Guest, GuestSpec, GuestStream};
+use super::{log_tail, Engine, Fate, Guest, GuestSpec, GuestStream};
 use crate::config::{AccelChoice, QemuConfig};
 use crate::error::{Error, Result};
 
@@ -210,7 +210,7 @@ impl QemuEngine {
         let guest = QemuGuest::supervise(id, run_dir, child);
         if !incoming {
             if let Err(e) = guest.connect(within).await {
-                let e = guest.explain(e);
+                let e = guest.launch_error(e);
                 guest.kill_and_clean().await;
                 return Err(e);
             }
@@ -257,7 +257,7 @@ impl QemuEngine {
         }
         .await;
         if let Err(e) = restored {
-            let e = guest.explain(e);
+            let e = guest.launch_error(e);
             guest.kill_and_clean().await;
             return Err(e);
         }
@@ -435,7 +435,7 @@ pub struct QemuGuest {
     channel: tokio::sync::RwLock<Option<Channel>>,
     kill: Mutex<Option<oneshot::Sender<()>>>,
     exited: watch::Receiver<bool>,
-    failure: Arc<Mutex<Option<String>>>,
+    fate: Fate,
     destroying: AtomicBool,
     cloned: AtomicBool,
 }
@@ -445,14 +445,14 @@ impl QemuGuest {
     fn supervise(id: String, run_dir: PathBuf, mut child: Child) -> Arc<QemuGuest> {
         let (kill_tx, kill_rx) = oneshot::channel::<()>();
         let (exited_tx, exited_rx) = watch::channel(false);
-        let failure = Arc::new(Mutex::new(None));
+        let fate = Fate::new();
         let guest = Arc::new(QemuGuest {
             id,
             run_dir: run_dir.clone(),
             channel: tokio::sync::RwLock::new(None),
             kill: Mutex::new(Some(kill_tx)),
             exited: exited_rx,
-            failure: failure.clone(),
+            fate: fate.clone(),
             destroying: AtomicBool::new(false),
             cloned: AtomicBool::new(false),
         });
@@ -464,9 +464,9 @@ impl QemuGuest {
                         Ok(s) => format!("QEMU exited ({s})"),
                         Err(e) => format!("waiting for QEMU: {e}"),
                     };
-                    let tail = log_tail(&run_dir);
+                    let tail = console_tail(&run_dir);
                     tracing::warn!(guest = %id, "{why}; {tail}");
-                    *failure.lock().expect("failure lock") = Some(format!("{why}; {tail}"));
+                    fate.fail(format!("{why}; {tail}"));
                 }
                 _ = kill_rx => {
                     let _ = child.start_kill();
@@ -498,16 +498,18 @@ impl QemuGuest {
         }
     }
 
-    /// Adds the recorded failure (with the console tail) to an error, when there is one.
-    fn explain(&self, e: Error) -> Error {
-        match self.failure.lock().expect("failure lock").clone() {
+    /// The error for a launch or restore that failed: with the VM's recorded failure
+    /// (QEMU's exit and the console tail) when there is one, else the console tail.
+    fn launch_error(&self, e: Error) -> Error {
+        match self.fate.failure() {
             Some(f) => Error::Engine(format!("{e}: {f}")),
-            None => Error::Engine(format!("{e}; {}", log_tail(&self.run_dir))),
+            None => Error::Engine(format!("{e}; {}", console_tail(&self.run_dir))),
         }
     }
 
     async fn kill_and_clean(&self) {
         self.destroying.store(true, Ordering::SeqCst);
+        self.fate.destroyed();
         if let Some(c) = self.channel.write().await.take() {
             c.close();
         }
@@ -527,7 +529,7 @@ impl Guest for QemuGuest {
 
     fn dial(&self) -> BoxFuture<'_, Result<GuestStream>> {
         Box::pin(async move {
-            if let Some(f) = self.failure.lock().expect("failure lock").clone() {
+            if let Some(f) = self.fate.failure() {
                 return Err(Error::Guest(format!("the VM failed: {f}")));
             }
             let channel = self.channel.read().await;
@@ -542,8 +544,8 @@ impl Guest for QemuGuest {
         Box::pin(self.kill_and_clean())
     }
 
-    fn failure(&self) -> Option<String> {
-        self.failure.lock().expect("failure lock").clone()
+    fn fate(&self) -> &Fate {
+        &self.fate
     }
 
     fn origin(&self) -> &'static str {
@@ -556,16 +558,11 @@ impl Guest for QemuGuest {
 }
 
 /// The last lines of the guest console and QEMU's stderr, for error messages.
-fn log_tail(run_dir: &Path) -> String {
-    let tail = |name: &str| {
-        let text = std::fs::read(run_dir.join(name)).unwrap_or_default();
-        let text = String::from_utf8_lossy(&text[text.len().saturating_sub(600)..]).into_owned();
-        text.trim().replace('\n', " | ")
-    };
+fn console_tail(run_dir: &Path) -> String {
     format!(
         "qemu.log: [{}] console: [{}]",
-        tail("qemu.log"),
-        tail("console.log")
+        log_tail(&run_dir.join("qemu.log"), 600),
+        log_tail(&run_dir.join("console.log"), 600)
     )
 }
 

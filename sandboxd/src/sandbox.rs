@@ -1,0 +1,102 @@
+//! One claimed sandbox: its identity, owner, deadline and guest, and what the API says
+//! about it. Whether it has failed is its guest's [`Fate`](crate::engine::Fate), written by
+//! the engine's supervisor; this type only reads it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::engine::Guest;
+use crate::error::Error;
+
+/// How long a channel error waits for the guest's supervisor to confirm that the guest
+/// died, so the answer says what happened instead of "connection closed".
+const CONFIRM_FAILURE: Duration = Duration::from_millis(500);
+
+/// One claimed sandbox.
+pub struct Sandbox {
+    /// Public id.
+    pub id: String,
+    pub(crate) token: String,
+    /// Template name.
+    pub template: String,
+    /// Size name.
+    pub size: String,
+    /// Tenant that claimed it.
+    pub tenant: Option<String>,
+    pub(crate) deadline_ms: AtomicU64,
+    /// The running guest.
+    pub guest: Arc<dyn Guest>,
+}
+
+impl Sandbox {
+    pub(crate) fn new(
+        id: String,
+        token: String,
+        template: String,
+        size: String,
+        tenant: Option<String>,
+        deadline_ms: u64,
+        guest: Arc<dyn Guest>,
+    ) -> Sandbox {
+        Sandbox {
+            id,
+            token,
+            template,
+            size,
+            tenant,
+            deadline_ms: AtomicU64::new(deadline_ms),
+            guest,
+        }
+    }
+
+    /// Deadline in Unix seconds.
+    pub fn deadline(&self) -> u64 {
+        self.deadline_ms.load(Ordering::SeqCst) / 1000
+    }
+
+    /// Why the sandbox is unusable: its guest died on its own.
+    pub fn failure(&self) -> Option<String> {
+        self.guest.failure()
+    }
+
+    /// Turns a channel error into the sandbox's failure when the guest turns out to have
+    /// died (its supervisor gets [`CONFIRM_FAILURE`] to say so). Any other error, or a
+    /// channel error from a guest that is still alive, is returned as it is.
+    pub async fn explain(&self, e: Error) -> Error {
+        if !matches!(e, Error::Guest(_) | Error::Wire(_)) {
+            return e;
+        }
+        match self.guest.fate().failure_within(CONFIRM_FAILURE).await {
+            Some(f) => self.failed(f),
+            None => e,
+        }
+    }
+
+    /// The error exec and relay answer with once the sandbox has failed.
+    pub fn failed_error(&self) -> Option<Error> {
+        self.failure().map(|f| self.failed(f))
+    }
+
+    fn failed(&self, why: String) -> Error {
+        Error::Guest(format!("sandbox {} has failed: {why}", self.id))
+    }
+
+    /// The list row (never the token).
+    pub fn summary(&self) -> api::SandboxSummary {
+        let error = self.failure();
+        api::SandboxSummary {
+            id: self.id.clone(),
+            template: self.template.clone(),
+            size: self.size.clone(),
+            deadline: self.deadline(),
+            state: if error.is_some() {
+                api::SandboxState::Failed
+            } else {
+                api::SandboxState::Ready
+            },
+            tenant: self.tenant.clone(),
+            error,
+        }
+    }
+}
