@@ -33,7 +33,7 @@ pub enum Error {
     #[error(transparent)]
     Wire(#[from] wire::Error),
     /// A listen address we cannot parse.
-    #[error("bad listen address {0:?}: expected unix:/path or vsock:PORT")]
+    #[error("bad listen address {0:?}: expected unix:/path, vsock:PORT or serial:NAME")]
     ListenAddr(String),
 }
 

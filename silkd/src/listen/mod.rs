@@ -25,7 +25,7 @@ pub enum ListenAddr {
 }
 
 impl ListenAddr {
-    /// Parses `unix:/path` or `vsock:PORT`.
+    /// Parses `unix:/path`, `vsock:PORT` or `serial:NAME`.
     pub fn parse(s: &str) -> Result<Self> {
         if let Some(path) = s.strip_prefix("unix:") {
             if path.is_empty() {
