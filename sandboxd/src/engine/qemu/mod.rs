@@ -14,25 +14,26 @@
 
 pub mod channel;
 pub mod cmdline;
+mod guest;
 pub mod qmp;
 pub mod tsc;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use tokio::process::{Child, Command};
-use tokio::sync::{oneshot, watch};
+use tokio::process::Command;
 
-use self::channel::Channel;
 use self::cmdline::{Accel, Launch, Machine, Memory};
+pub use self::guest::QemuGuest;
+use self::guest::{clean_leftovers, random_id};
 use self::qmp::Qmp;
-use super::{log_tail, Engine, Fate, Guest, GuestSpec, GuestStream};
+use super::{Engine, Guest, GuestSpec};
 use crate::config::{AccelChoice, QemuConfig};
 use crate::error::{Error, Result};
 
@@ -428,144 +429,6 @@ impl Engine for QemuEngine {
     }
 }
 
-/// One VM.
-pub struct QemuGuest {
-    id: String,
-    run_dir: PathBuf,
-    channel: tokio::sync::RwLock<Option<Channel>>,
-    kill: Mutex<Option<oneshot::Sender<()>>>,
-    exited: watch::Receiver<bool>,
-    fate: Fate,
-    destroying: AtomicBool,
-    cloned: AtomicBool,
-}
-
-impl QemuGuest {
-    /// Takes the child; a task waits for it and records an unexpected exit.
-    fn supervise(id: String, run_dir: PathBuf, mut child: Child) -> Arc<QemuGuest> {
-        let (kill_tx, kill_rx) = oneshot::channel::<()>();
-        let (exited_tx, exited_rx) = watch::channel(false);
-        let fate = Fate::new();
-        let guest = Arc::new(QemuGuest {
-            id,
-            run_dir: run_dir.clone(),
-            channel: tokio::sync::RwLock::new(None),
-            kill: Mutex::new(Some(kill_tx)),
-            exited: exited_rx,
-            fate: fate.clone(),
-            destroying: AtomicBool::new(false),
-            cloned: AtomicBool::new(false),
-        });
-        let id = guest.id.clone();
-        tokio::spawn(async move {
-            tokio::select! {
-                status = child.wait() => {
-                    let why = match status {
-                        Ok(s) => format!("QEMU exited ({s})"),
-                        Err(e) => format!("waiting for QEMU: {e}"),
-                    };
-                    let tail = console_tail(&run_dir);
-                    tracing::warn!(guest = %id, "{why}; {tail}");
-                    fate.fail(format!("{why}; {tail}"));
-                }
-                _ = kill_rx => {
-                    let _ = child.start_kill();
-                    let _ = child.wait().await;
-                }
-            }
-            let _ = exited_tx.send(true);
-        });
-        guest
-    }
-
-    async fn connect(&self, within: Duration) -> Result<()> {
-        let hostname = format!("sbx-{}", &self.id[..12]);
-        let socket = cmdline::silkd_socket(&self.run_dir);
-        let mut exited = self.exited.clone();
-        let channel = tokio::select! {
-            c = Channel::open(&socket, &hostname, within) => c?,
-            _ = exited.wait_for(|e| *e) => return Err(Error::Engine("QEMU exited during boot".into())),
-        };
-        *self.channel.write().await = Some(channel);
-        Ok(())
-    }
-
-    fn disconnect(&self) {
-        if let Ok(mut c) = self.channel.try_write() {
-            if let Some(c) = c.take() {
-                c.close();
-            }
-        }
-    }
-
-    /// The error for a launch or restore that failed: with the VM's recorded failure
-    /// (QEMU's exit and the console tail) when there is one, else the console tail.
-    fn launch_error(&self, e: Error) -> Error {
-        match self.fate.failure() {
-            Some(f) => Error::Engine(format!("{e}: {f}")),
-            None => Error::Engine(format!("{e}; {}", console_tail(&self.run_dir))),
-        }
-    }
-
-    async fn kill_and_clean(&self) {
-        self.destroying.store(true, Ordering::SeqCst);
-        self.fate.destroyed();
-        if let Some(c) = self.channel.write().await.take() {
-            c.close();
-        }
-        if let Some(k) = self.kill.lock().expect("kill lock").take() {
-            let _ = k.send(());
-        }
-        let mut exited = self.exited.clone();
-        let _ = exited.wait_for(|e| *e).await;
-        let _ = std::fs::remove_dir_all(&self.run_dir);
-    }
-}
-
-impl Guest for QemuGuest {
-    fn id(&self) -> &str {
-        &self.id
-    }
-
-    fn dial(&self) -> BoxFuture<'_, Result<GuestStream>> {
-        Box::pin(async move {
-            if let Some(f) = self.fate.failure() {
-                return Err(Error::Guest(format!("the VM failed: {f}")));
-            }
-            let channel = self.channel.read().await;
-            let channel = channel
-                .as_ref()
-                .ok_or_else(|| Error::Guest("the VM has no open channel".into()))?;
-            Ok(Box::new(channel.dial().await?) as GuestStream)
-        })
-    }
-
-    fn destroy(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.kill_and_clean())
-    }
-
-    fn fate(&self) -> &Fate {
-        &self.fate
-    }
-
-    fn origin(&self) -> &'static str {
-        if self.cloned.load(Ordering::Relaxed) {
-            "clone"
-        } else {
-            "cold"
-        }
-    }
-}
-
-/// The last lines of the guest console and QEMU's stderr, for error messages.
-fn console_tail(run_dir: &Path) -> String {
-    format!(
-        "qemu.log: [{}] console: [{}]",
-        log_tail(&run_dir.join("qemu.log"), 600),
-        log_tail(&run_dir.join("console.log"), 600)
-    )
-}
-
 fn qemu_version(binary: &Path) -> Result<String> {
     let out = std::process::Command::new(binary).arg("--version").output().map_err(|e| {
         Error::Engine(format!(
@@ -575,43 +438,4 @@ fn qemu_version(binary: &Path) -> Result<String> {
     })?;
     let text = String::from_utf8_lossy(&out.stdout);
     Ok(text.lines().next().unwrap_or("unknown").trim().to_string())
-}
-
-/// Kills QEMUs an earlier run left behind (their run dirs hold the sockets) and removes
-/// the dirs. A QEMU is ours when its command line names a socket in one of those dirs.
-fn clean_leftovers(run_root: &Path) {
-    let Ok(dirs) = std::fs::read_dir(run_root) else {
-        return;
-    };
-    let dirs: Vec<PathBuf> = dirs.flatten().map(|e| e.path()).collect();
-    if dirs.is_empty() {
-        return;
-    }
-    if let Ok(procs) = std::fs::read_dir("/proc") {
-        for p in procs.flatten() {
-            let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let Ok(cmdline) = std::fs::read(p.path().join("cmdline")) else {
-                continue;
-            };
-            let cmdline = String::from_utf8_lossy(&cmdline);
-            if dirs.iter().any(|d| cmdline.contains(&*d.to_string_lossy())) {
-                tracing::warn!(pid, "killing a QEMU left by an earlier run");
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
-    }
-    for d in dirs {
-        let _ = std::fs::remove_dir_all(d);
-    }
-}
-
-fn random_id() -> String {
-    let mut b = [0u8; 12];
-    rand::RngCore::fill_bytes(&mut rand::thread_rng(), &mut b);
-    hex::encode(b)
 }

@@ -9,22 +9,22 @@
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::future::BoxFuture;
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use rand::RngCore;
 use sha2::Digest;
 use tokio::io::AsyncReadExt;
-use tokio::net::UnixStream;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 use tokio::sync::watch;
 
-use super::cgroup::{Cgroup, Cgroups};
-use super::{Engine, Fate, Guest, GuestSpec, GuestStream};
+mod guest;
+
+use self::guest::ProcessGuest;
+use super::cgroup::Cgroups;
+use super::{Engine, Fate, Guest, GuestSpec};
 use crate::error::{Error, Result};
 
 /// Inside the sandbox: the directory holding silkd's socket, and the socket.
@@ -311,157 +311,4 @@ fn random_id() -> String {
     let mut bytes = [0u8; 8];
     rand::rngs::OsRng.fill_bytes(&mut bytes);
     hex::encode(bytes)
-}
-
-/// One sandbox: bwrap's process tree, its cgroup and its directory.
-struct ProcessGuest {
-    id: String,
-    dir: PathBuf,
-    socket: PathBuf,
-    cgroup: Mutex<Option<Cgroup>>,
-    /// (bwrap pid, pid-namespace init pid), as far as known.
-    pids: Mutex<(Option<i32>, Option<i32>)>,
-    fate: Fate,
-    /// True once the supervisor reaped bwrap.
-    exited: watch::Receiver<bool>,
-    /// True once a supervisor owns bwrap (so `exited` will turn true).
-    supervised: AtomicBool,
-    destroyed: AtomicBool,
-}
-
-impl ProcessGuest {
-    /// Hands bwrap to a task that waits for it; an exit nobody asked for is the guest's
-    /// failure (silkd, or the namespace init, died), recorded once in its [`Fate`].
-    fn supervise(&self, mut child: Child, exited: watch::Sender<bool>) {
-        self.supervised.store(true, Ordering::SeqCst);
-        let (fate, id, dir) = (self.fate.clone(), self.id.clone(), self.dir.clone());
-        tokio::spawn(async move {
-            let status = match child.wait().await {
-                Ok(s) => s.to_string(),
-                Err(e) => format!("waiting for bwrap: {e}"),
-            };
-            let tail = super::log_tail(&dir.join("log"), 600);
-            fate.fail(format!(
-                "sandbox {id} exited on its own (silkd or its namespace init died; \
-                 bwrap {status}); log: [{tail}]"
-            ));
-            let _ = exited.send(true);
-        });
-    }
-
-    /// Polls for silkd's socket until it accepts, bwrap exits, or the bound passes.
-    async fn wait_socket(&self, bound: Duration) -> Result<()> {
-        let start = Instant::now();
-        loop {
-            if UnixStream::connect(&self.socket).await.is_ok() {
-                return Ok(());
-            }
-            if *self.exited.borrow() {
-                let why = self.fate.failure().unwrap_or_default();
-                return Err(self.failed(format!("bwrap exited early: {why}")).await);
-            }
-            if start.elapsed() > bound {
-                return Err(self
-                    .failed(format!("silkd socket not ready after {bound:?}"))
-                    .await);
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    }
-
-    /// Destroys a guest that failed to start and builds the error, with bwrap's log.
-    async fn failed(&self, what: String) -> Error {
-        let tail = super::log_tail(&self.dir.join("log"), 2000);
-        self.teardown().await;
-        Error::Engine(format!("sandbox {}: {what}; log: [{tail}]", self.id))
-    }
-
-    /// SIGKILLs the namespace init (the kernel then kills every process in the pid
-    /// namespace), bwrap itself, and anything left in the cgroup.
-    fn kill_now(&self) {
-        let (bwrap, init) = *self.pids.lock().expect("pids lock");
-        for pid in [init, bwrap].into_iter().flatten() {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-        if let Some(cg) = self.cgroup.lock().expect("cgroup lock").as_ref() {
-            cg.kill_all();
-        }
-    }
-
-    async fn teardown(&self) {
-        if self.destroyed.swap(true, Ordering::SeqCst) {
-            return;
-        }
-        self.fate.destroyed();
-        // The namespace init first: its death takes the whole pid namespace, and bwrap,
-        // its parent, then reaps it and exits by itself. Killing bwrap first would orphan
-        // the init to the host's pid 1, which may never reap it.
-        let init = self.pids.lock().expect("pids lock").1;
-        if let Some(pid) = init {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
-        }
-        if self.supervised.load(Ordering::SeqCst) {
-            let mut exited = self.exited.clone();
-            let reaped = tokio::time::timeout(Duration::from_secs(1), exited.wait_for(|e| *e));
-            if reaped.await.is_err() {
-                self.kill_now();
-                let reaped = tokio::time::timeout(Duration::from_secs(5), exited.wait_for(|e| *e));
-                if reaped.await.is_err() {
-                    tracing::warn!(id = %self.id, "bwrap did not exit 5 s after SIGKILL");
-                }
-            }
-        }
-        let cgroup = self.cgroup.lock().expect("cgroup lock").take();
-        let dir = self.dir.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            if let Some(cg) = cgroup {
-                cg.remove();
-            }
-            if let Err(e) = std::fs::remove_dir_all(&dir) {
-                tracing::warn!(dir = %dir.display(), "cannot remove sandbox dir: {e}");
-            }
-        })
-        .await;
-    }
-}
-
-impl Guest for ProcessGuest {
-    fn id(&self) -> &str {
-        &self.id
-    }
-
-    fn dial(&self) -> BoxFuture<'_, Result<GuestStream>> {
-        Box::pin(async move {
-            if self.destroyed.load(Ordering::SeqCst) {
-                return Err(Error::Guest(format!("sandbox {} is destroyed", self.id)));
-            }
-            let stream = UnixStream::connect(&self.socket)
-                .await
-                .map_err(|e| Error::Guest(format!("connecting to silkd: {e}")))?;
-            Ok(Box::new(stream) as GuestStream)
-        })
-    }
-
-    fn destroy(&self) -> BoxFuture<'_, ()> {
-        Box::pin(self.teardown())
-    }
-
-    fn fate(&self) -> &Fate {
-        &self.fate
-    }
-}
-
-impl Drop for ProcessGuest {
-    fn drop(&mut self) {
-        // Safety net for paths that forget `destroy`: never leave processes behind.
-        if !self.destroyed.load(Ordering::SeqCst) {
-            tracing::warn!(id = %self.id, "sandbox dropped without destroy; killing it");
-            self.kill_now();
-            if let Some(cg) = self.cgroup.lock().expect("cgroup lock").take() {
-                cg.kill_all();
-                std::thread::spawn(move || cg.remove());
-            }
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
-    }
 }

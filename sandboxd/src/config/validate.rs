@@ -1,0 +1,183 @@
+//! The config's rules, in one place: [`Config::validate`] (run by `parse`/`load` and by
+//! `run`), and the pool-key and warm-target checks that `PUT /v1/pools` shares with it.
+
+use std::collections::HashSet;
+
+use super::{Config, EngineKind};
+use crate::error::{Error, Result};
+
+impl Config {
+    /// Checks everything other modules rely on. The one place config rules live.
+    pub fn validate(&self) -> Result<()> {
+        let bad = |msg: String| Err(Error::Config(msg));
+        self.listen_addr()?;
+        if self.data_dir.as_os_str().is_empty() {
+            return bad("data_dir is empty".into());
+        }
+        if let Some(token) = &self.api_token {
+            if token.len() < 16 {
+                return bad("api_token must be at least 16 characters".into());
+            }
+        }
+        if self.default_ttl_seconds == 0 || self.max_ttl_seconds == 0 {
+            return bad("default_ttl_seconds and max_ttl_seconds must be positive".into());
+        }
+        if self.default_ttl_seconds > self.max_ttl_seconds {
+            return bad("default_ttl_seconds exceeds max_ttl_seconds".into());
+        }
+        if self.refill_concurrency == 0 || self.boot_timeout_seconds == 0 {
+            return bad("refill_concurrency and boot_timeout_seconds must be positive".into());
+        }
+        if self.warmup_timeout_seconds == 0 {
+            return bad("warmup_timeout_seconds must be positive".into());
+        }
+        let mut names = HashSet::new();
+        let mut tokens: HashSet<&str> = self.api_token.iter().map(String::as_str).collect();
+        for t in &self.tenants {
+            if t.name.is_empty() || !names.insert(t.name.as_str()) {
+                return bad(format!("tenant name {:?} is empty or repeated", t.name));
+            }
+            if t.token.len() < 16 || !tokens.insert(t.token.as_str()) {
+                return bad(format!(
+                    "tenant {:?}: token must be at least 16 characters and unique",
+                    t.name
+                ));
+            }
+        }
+        if self.templates.is_empty() || self.sizes.is_empty() {
+            return bad("at least one template and one size are needed".into());
+        }
+        for name in self.templates.keys().chain(self.sizes.keys()) {
+            // Names become file names (golden stamps) and metric labels.
+            if name.is_empty()
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return bad(format!(
+                    "template/size name {name:?} must be letters, digits, '-' or '_'"
+                ));
+            }
+        }
+        for (name, t) in &self.templates {
+            if self.engine == EngineKind::Qemu {
+                let Some(image) = &t.image else {
+                    return bad(format!(
+                        "template {name:?}: the qemu engine needs `image` (built by `cargo xtask image`)"
+                    ));
+                };
+                for file in ["vmlinuz", "initramfs.cpio.gz", "manifest.json"] {
+                    if !image.join(file).is_file() {
+                        return bad(format!(
+                            "template {name:?}: {}/{file} is missing; run `cargo xtask image`",
+                            image.display()
+                        ));
+                    }
+                }
+                continue;
+            }
+            if t.rootfs.as_os_str().is_empty() {
+                return bad(format!("template {name:?}: set rootfs or image"));
+            }
+            if !t.rootfs.is_absolute() {
+                return bad(format!(
+                    "template {name:?}: rootfs must be an absolute path"
+                ));
+            }
+            // The process engine mounts its private /tmp, /run and /home over these.
+            for dir in ["tmp", "run", "home", "proc", "dev"] {
+                if !t.rootfs.join(dir).is_dir() {
+                    return bad(format!(
+                        "template {name:?}: {}/{dir} must exist",
+                        t.rootfs.display()
+                    ));
+                }
+            }
+        }
+        for (name, s) in &self.sizes {
+            if s.cpus == 0 || s.memory_mib == 0 || s.max_pids == 0 {
+                return bad(format!(
+                    "size {name:?}: cpus, memory_mib and max_pids must be positive"
+                ));
+            }
+        }
+        self.check_targets(&self.pool_targets())
+            .map_err(|e| Error::Config(e.to_string()))?;
+        for p in &self.pools {
+            if let Some(w) = &p.warmup {
+                if w.is_empty() || w[0].is_empty() {
+                    return bad(format!(
+                        "pool {}/{}: warmup argv is empty",
+                        p.template, p.size
+                    ));
+                }
+            }
+        }
+        let (template, size) = self.default_key();
+        if template.is_empty() || size.is_empty() {
+            return bad("no default template/size: set default_template and default_size".into());
+        }
+        self.check_pool_key(&template, &size)
+            .map_err(|e| Error::Config(format!("default pool: {e}")))?;
+        if self.exec.max_output_bytes == 0
+            || self.exec.memory_budget_bytes == 0
+            || self.exec.max_in_flight == 0
+        {
+            return bad("exec limits must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// Errors unless both names are configured ([`Error::UnknownName`], a 400 on the API).
+    pub fn check_pool_key(&self, template: &str, size: &str) -> Result<()> {
+        if !self.templates.contains_key(template) {
+            return Err(Error::UnknownName {
+                kind: "template",
+                name: template.into(),
+            });
+        }
+        if !self.sizes.contains_key(size) {
+            return Err(Error::UnknownName {
+                kind: "size",
+                name: size.into(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The one check of a list of warm targets, for the config file's `[[pools]]` and for
+    /// `PUT /v1/pools` alike: known template and size, no pool twice, `warm <= warm_max`.
+    /// Errors are the API's (unknown name or bad request); the config wraps them.
+    pub fn check_targets(&self, targets: &[api::PoolTarget]) -> Result<()> {
+        let mut seen = HashSet::new();
+        for t in targets {
+            self.check_pool_key(&t.template, &t.size)?;
+            if !seen.insert((t.template.as_str(), t.size.as_str())) {
+                return Err(Error::BadRequest(format!(
+                    "pool {}/{} appears twice",
+                    t.template, t.size
+                )));
+            }
+            if t.warm > t.warm_max {
+                return Err(Error::BadRequest(format!(
+                    "pool {}/{}: warm {} exceeds warm_max {}",
+                    t.template, t.size, t.warm, t.warm_max
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The config file's own `[[pools]]` as warm targets (config-owned fields left out).
+    pub fn pool_targets(&self) -> Vec<api::PoolTarget> {
+        self.pools
+            .iter()
+            .map(|p| api::PoolTarget {
+                template: p.template.clone(),
+                size: p.size.clone(),
+                warm: p.warm,
+                warm_max: p.warm_max,
+            })
+            .collect()
+    }
+}
