@@ -1,7 +1,8 @@
-//! Project automation behind `cargo xtask`: the test gate, the static silkd, the
-//! guest image, benchmarks and `up`. It holds no product logic.
+//! Project automation behind `cargo xtask`: system packages, the test gate, the static
+//! silkd, the guest image, benchmarks and `up`. It holds no product logic.
 //!
 //! # Layout
+//! - [`deps`]: `cargo xtask deps`, the system packages the tests and a node need.
 //! - [`test`]: `cargo xtask test`, the gate `.ci/run` runs.
 //! - [`silkd`]: `cargo xtask build-silkd`, silkd as a static binary for the guest.
 //! - [`image`]: `cargo xtask image`, the guest image built from Debian packages.
@@ -10,6 +11,7 @@
 //! - `tool`: running external programs so that a failure names the program.
 
 pub mod bench;
+pub mod deps;
 pub mod image;
 pub mod silkd;
 pub mod test;
@@ -45,6 +47,8 @@ pub enum Error {
         status: ExitStatus,
         stderr: String,
     },
+    #[error("{what}: run `{fix}`")]
+    Missing { what: String, fix: &'static str },
     #[error("Debian package `{package}`: {reason}")]
     Package { package: String, reason: String },
     #[error("{context}: {}", path.display())]

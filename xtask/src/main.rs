@@ -3,10 +3,12 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use xtask::{bench, image, silkd, test, up};
+use xtask::{bench, deps, image, silkd, test, up};
 
 #[derive(Parser)]
-#[command(about = "Project automation: test gate, static silkd, guest image, benchmarks, up")]
+#[command(
+    about = "Project automation: system packages, test gate, static silkd, guest image, benchmarks, up"
+)]
 struct Cli {
     #[command(subcommand)]
     task: Task,
@@ -14,6 +16,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
+    /// Install the system packages the tests need (bubblewrap, file, procps, QEMU 10), as
+    /// root; otherwise print the apt commands. Fails unless all are there afterwards.
+    Deps,
     /// The gate CI runs: fmt, clippy, the silkd binary, then every test.
     Test(test::Args),
     /// Build silkd as a static release binary and print its path.
@@ -32,6 +37,7 @@ enum Task {
 
 fn main() -> ExitCode {
     let result = match Cli::parse().task {
+        Task::Deps => deps::run(),
         Task::Test(args) => test::run(&args),
         Task::BuildSilkd => silkd::build_static().map(|path| println!("{}", path.display())),
         Task::Image(args) => image::run(&args),

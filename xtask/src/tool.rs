@@ -79,13 +79,12 @@ fn spawn_error(cmd: &Command, command: String, source: io::Error) -> Error {
 
 fn install_hint(tool: &str) -> &'static str {
     match tool {
-        "file" => "install it with `apt-get install file`",
-        "bwrap" => "install it with `apt-get install bubblewrap`",
+        "file" | "bwrap" => "`cargo xtask deps` installs it",
         "apt-get" | "apt-cache" | "dpkg-deb" => {
             "the image is built from Debian packages: run on Debian 12"
         }
         "cargo" => "install Rust with rustup",
-        _ => "install it, or run .ci/run which installs what the tests need",
+        _ => "install it; `cargo xtask deps` installs what the tests need",
     }
 }
 

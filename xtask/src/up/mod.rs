@@ -1,11 +1,10 @@
 //! `cargo xtask up`: a working node from a fresh clone in one command. System packages
-//! (as root), release sandboxd/silkd/sbx, the guest image when QEMU runs, the engine
+//! (`deps`, as root), release sandboxd/silkd/sbx, the guest image when QEMU runs, the engine
 //! chosen and said aloud, the node's config and token under `target/up/`, `sbx`
 //! configured and on PATH; then this process becomes sandboxd, in the foreground, so
 //! Ctrl-C or SIGTERM reaches it directly and it shuts down cleanly.
 
 pub mod config;
-pub mod packages;
 
 use std::fs;
 use std::os::unix::process::CommandExt;
@@ -13,11 +12,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
+use crate::deps::{self, Need};
 use crate::{error_chain, image, tool, workspace_root, Error, Result};
 use config::{Engine, Node};
 
 /// One progress line on stderr.
-pub(crate) fn say(line: &str) {
+fn say(line: &str) {
     eprintln!("up: {line}");
 }
 
@@ -32,7 +32,7 @@ pub fn run() -> Result<()> {
     };
 
     step(1, "system packages");
-    packages::ensure()?;
+    deps::ensure(Need::Node)?;
 
     step(2, "building sandboxd, silkd and sbx (release)");
     tool::stream(
@@ -104,10 +104,10 @@ pub fn run() -> Result<()> {
 /// `qemu` when QEMU runs and the guest image builds; else `process`, which needs bwrap.
 /// Either way the choice and its reason are printed.
 fn choose_engine() -> Result<Engine> {
-    let why_not = match packages::qemu_version() {
-        None => format!("{} does not run", packages::QEMU),
-        Some(v) if v < packages::QEMU_OLDEST => {
-            format!("QEMU {v} is older than {}", packages::QEMU_OLDEST)
+    let why_not = match deps::qemu_version() {
+        None => format!("{} does not run", deps::QEMU),
+        Some(v) if v < deps::QEMU_OLDEST => {
+            format!("QEMU {v} is older than {}", deps::QEMU_OLDEST)
         }
         Some(v) => {
             let args = image::Args::default();

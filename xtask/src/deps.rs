@@ -1,8 +1,7 @@
-//! `cargo xtask up`, step one: the system packages a node needs (bubblewrap, file,
-//! procps, QEMU). As root it installs what is missing with apt, QEMU 10 from
-//! bookworm-backports the way `.ci/run` does (falling back to the distribution's QEMU
-//! when that is 7.2 or newer, else going without); otherwise it prints the one apt
-//! command to run and carries on with what is there. It never removes anything.
+//! `cargo xtask deps`: the one home of system package installation (bubblewrap, file,
+//! procps, QEMU 10 from bookworm-backports). `.ci/run` runs it, `cargo xtask up` runs it
+//! leniently, and `cargo xtask test` checks its result first. As root it installs what is
+//! missing with apt; otherwise it prints the apt commands to run. It never removes anything.
 
 use std::fs;
 use std::path::Path;
@@ -10,21 +9,22 @@ use std::process::Command;
 
 use crate::{error_chain, tool, Error, Result};
 
-use super::say;
-
 /// The binary the qemu engine runs.
 pub const QEMU: &str = "qemu-system-x86_64";
 /// The package that ships [`QEMU`].
 const QEMU_PACKAGE: &str = "qemu-system-x86";
-/// The QEMU the project is tested with (`.ci/run` installs it from bookworm-backports).
+/// The QEMU the project is tested with: the tests need exactly this major version.
 const QEMU_WANTED: Version = Version(10, 0);
 /// The oldest QEMU `up` settles for (bookworm's own).
 pub const QEMU_OLDEST: Version = Version(7, 2);
 const BACKPORTS_SUITE: &str = "bookworm-backports";
 const BACKPORTS_SOURCES: &str = "/etc/apt/sources.list.d/backports.sources";
+const APT_LISTS: &str = "/var/lib/apt/lists";
 
-/// Tools needed whatever the engine, and the Debian package of each.
-const TOOLS: [(&str, &str); 3] = [("bwrap", "bubblewrap"), ("file", "file"), ("ps", "procps")];
+/// Every plain package the tests and a node need, as (the tool that shows it is
+/// installed, its Debian package): add new ones here. QEMU, the one package with a
+/// version requirement, is [`QEMU_PACKAGE`].
+const PACKAGES: [(&str, &str); 3] = [("bwrap", "bubblewrap"), ("file", "file"), ("ps", "procps")];
 
 /// A version's major and minor numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -36,86 +36,183 @@ impl std::fmt::Display for Version {
     }
 }
 
-/// Installs (as root) or names (otherwise) what is missing.
-pub fn ensure() -> Result<()> {
-    let missing: Vec<&str> = TOOLS
-        .iter()
-        .filter(|(tool, _)| !tool::on_path(tool))
-        .map(|&(_, package)| package)
-        .collect();
+/// Who asks, and so what is enough and what happens when it cannot be had.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// `cargo xtask deps` (CI): every package and QEMU 10 exactly; anything short fails.
+    Tests,
+    /// `cargo xtask up`: QEMU 10 if it can be had, else an older one, else none (the
+    /// node runs the process engine); whatever cannot be installed is said, not fatal.
+    Node,
+}
+
+impl Need {
+    fn accepts(self, qemu: Version) -> bool {
+        match self {
+            Need::Tests => qemu.0 == QEMU_WANTED.0,
+            Need::Node => qemu >= QEMU_WANTED,
+        }
+    }
+
+    /// The end of the road when nothing can be installed: a failure for the tests, a
+    /// note for a node, which carries on with what is there.
+    fn settle(self, why: String) -> Result<()> {
+        match self {
+            Need::Tests => Err(Error::Invalid(why)),
+            Need::Node => {
+                say(&format!("{why}\n  carrying on with what is here"));
+                Ok(())
+            }
+        }
+    }
+}
+
+/// One progress line on stderr.
+fn say(line: &str) {
+    eprintln!("deps: {line}");
+}
+
+pub fn run() -> Result<()> {
+    ensure(Need::Tests)
+}
+
+/// Installs (as root) or names (otherwise) what is missing for `need`.
+pub fn ensure(need: Need) -> Result<()> {
+    let missing: Vec<&str> = missing_tools().iter().map(|&(_, p)| p).collect();
     let qemu = qemu_version();
     match qemu {
         Some(v) => say(&format!("found {QEMU} {v}")),
         None => say(&format!("{QEMU} is not installed")),
     }
-    if missing.is_empty() && qemu.is_some_and(|v| v >= QEMU_WANTED) {
+    let qemu_short = !qemu.is_some_and(|v| need.accepts(v));
+    // The guest image resolves its packages from apt's lists; an image may ship without.
+    let lists_missing = tool::on_path("apt-get") && !apt_lists_present(Path::new(APT_LISTS));
+    if missing.is_empty() && !qemu_short && !lists_missing {
         say("system packages: all present");
         return Ok(());
     }
     if !tool::on_path("apt-get") {
-        say(&format!(
-            "no apt-get here: install {} yourself; carrying on with what is here",
-            wanted(&missing, qemu).join(" ")
+        let mut packages = missing.clone();
+        if qemu_short {
+            packages.push(QEMU_PACKAGE);
+        }
+        return need.settle(format!(
+            "no apt-get here: install {} (QEMU {QEMU_WANTED}) yourself",
+            packages.join(" ")
         ));
-        return Ok(());
     }
     if !is_root()? {
-        let packages = wanted(&missing, qemu);
-        if packages.is_empty() {
-            say(&format!(
-                "QEMU {} is older than {QEMU_WANTED}; run `cargo xtask up` as root to get QEMU \
-                 {QEMU_WANTED} from {BACKPORTS_SUITE}; carrying on with {}",
-                qemu.map_or("?".into(), |v| v.to_string()),
-                qemu.map_or("?".into(), |v| v.to_string()),
-            ));
-        } else {
-            say(&format!(
-                "not root, so nothing is installed; the one command to run:\n\n    \
-                 sudo apt-get install -y {}\n\n  \
-                 (or run `cargo xtask up` as root, which takes QEMU {QEMU_WANTED} from \
-                 {BACKPORTS_SUITE}); carrying on with what is here",
-                packages.join(" ")
-            ));
-        }
-        return Ok(());
+        let commands: Vec<String> = sudo_commands(&missing, qemu_short)
+            .iter()
+            .map(|c| format!("    {c}"))
+            .collect();
+        return need.settle(format!(
+            "not root, so nothing was installed; run `cargo xtask deps` as root, or:\n\n{}\n",
+            commands.join("\n")
+        ));
     }
 
     let mut apt = Apt::default();
+    if lists_missing {
+        apt.update()?;
+    }
     if !missing.is_empty() {
         apt.install(&missing, None)?;
     }
-    if qemu.is_none_or(|v| v < QEMU_WANTED) {
-        install_qemu(&mut apt, qemu);
+    if qemu_short {
+        match need {
+            Need::Tests => install_tested_qemu(&mut apt)?,
+            Need::Node => install_qemu(&mut apt, qemu),
+        }
     }
-    // The guest image resolves its packages from apt's lists: make sure there are some.
-    let lists = fs::read_dir("/var/lib/apt/lists")
-        .map(|dir| {
-            dir.flatten()
-                .any(|e| e.file_name().to_string_lossy().contains("_Packages"))
-        })
-        .unwrap_or(false);
-    if !lists {
-        apt.update()?;
+    if need == Need::Tests {
+        check()?;
+        say(&format!("system packages: ready (QEMU {QEMU_WANTED})"));
     }
     Ok(())
 }
 
-/// Packages a non-root user is told to install: the missing tools, and QEMU when absent
-/// (the distribution's; an old QEMU that runs is left alone).
-fn wanted<'a>(missing: &[&'a str], qemu: Option<Version>) -> Vec<&'a str> {
-    let mut packages = missing.to_vec();
-    if qemu.is_none() {
-        packages.push(QEMU_PACKAGE);
+/// Fails naming the first thing the tests need that is not here (a package, or QEMU
+/// [`QEMU_WANTED`]'s major version) and the command that fixes it. Installs nothing.
+pub fn check() -> Result<()> {
+    let fix = "cargo xtask deps";
+    if let Some(&(tool, package)) = missing_tools().first() {
+        return Err(Error::Missing {
+            what: format!("`{tool}` is not installed (Debian package {package})"),
+            fix,
+        });
     }
-    packages
+    let wanted = QEMU_WANTED.0;
+    match qemu_version() {
+        Some(v) if Need::Tests.accepts(v) => Ok(()),
+        Some(v) => Err(Error::Missing {
+            what: format!("`{QEMU}` is {v}; the VM tests need QEMU {wanted}"),
+            fix,
+        }),
+        None => Err(Error::Missing {
+            what: format!("`{QEMU}` is not installed; the VM tests need QEMU {wanted}"),
+            fix,
+        }),
+    }
+}
+
+/// The (tool, package) pairs of [`PACKAGES`] whose tool is not on PATH.
+fn missing_tools() -> Vec<(&'static str, &'static str)> {
+    PACKAGES
+        .into_iter()
+        .filter(|(tool, _)| !tool::on_path(tool))
+        .collect()
+}
+
+/// Whether apt has package lists (`dir/*_Packages*`, `dir` being [`APT_LISTS`]).
+fn apt_lists_present(dir: &Path) -> bool {
+    fs::read_dir(dir)
+        .map(|dir| {
+            dir.flatten()
+                .any(|e| e.file_name().to_string_lossy().contains("_Packages"))
+        })
+        .unwrap_or(false)
+}
+
+/// The commands a non-root user runs to get `missing` and, when `qemu`, QEMU
+/// [`QEMU_WANTED`].
+fn sudo_commands(missing: &[&str], qemu: bool) -> Vec<String> {
+    let install = "sudo apt-get install -y --no-install-recommends";
+    let mut commands = vec!["sudo apt-get update".to_string()];
+    if !missing.is_empty() {
+        commands.push(format!("{install} {}", missing.join(" ")));
+    }
+    if qemu {
+        commands.push(format!(
+            "{install} -t {BACKPORTS_SUITE} {QEMU_PACKAGE}   # with {BACKPORTS_SUITE} \
+             in apt's sources"
+        ));
+    }
+    commands
+}
+
+fn is_bookworm() -> bool {
+    let os_release = fs::read_to_string("/etc/os-release").unwrap_or_default();
+    os_release_value(&os_release, "VERSION_CODENAME").as_deref() == Some("bookworm")
+}
+
+/// QEMU for the tests: from bookworm-backports on bookworm (bookworm's own is 7.2), else
+/// the distribution's. [`check`] then says whether it is the wanted version.
+fn install_tested_qemu(apt: &mut Apt) -> Result<()> {
+    let release = if is_bookworm() {
+        add_backports(apt)?;
+        Some(BACKPORTS_SUITE)
+    } else {
+        None
+    };
+    apt.install(&[QEMU_PACKAGE], release)
 }
 
 /// QEMU [`QEMU_WANTED`] from bookworm-backports on bookworm; else, or when that fails,
 /// the distribution's QEMU if it is at least [`QEMU_OLDEST`]; else none. Never fails:
 /// without QEMU the node runs the process engine.
 fn install_qemu(apt: &mut Apt, present: Option<Version>) {
-    let os_release = fs::read_to_string("/etc/os-release").unwrap_or_default();
-    if os_release_value(&os_release, "VERSION_CODENAME").as_deref() == Some("bookworm") {
+    if is_bookworm() {
         let backports =
             add_backports(apt).and_then(|()| apt.install(&[QEMU_PACKAGE], Some(BACKPORTS_SUITE)));
         match backports {
@@ -359,12 +456,45 @@ mod tests {
     }
 
     #[test]
-    fn backports_sources_match_the_ci_script() {
+    fn backports_sources_are_one_deb822_stanza_from_the_mirror() {
         assert_eq!(
             backports_sources("http://m/debian"),
             "Types: deb\nURIs: http://m/debian\nSuites: bookworm-backports\nComponents: main\n\
              Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg\n"
         );
+    }
+
+    #[test]
+    fn apt_lists_count_only_when_a_packages_file_is_there() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!apt_lists_present(&dir.path().join("absent")));
+        fs::write(dir.path().join("lock"), "").unwrap();
+        fs::write(dir.path().join("m_dists_bookworm_InRelease"), "").unwrap();
+        assert!(!apt_lists_present(dir.path()));
+        let packages = "m_dists_bookworm_main_binary-amd64_Packages.lz4";
+        fs::write(dir.path().join(packages), "").unwrap();
+        assert!(apt_lists_present(dir.path()));
+    }
+
+    #[test]
+    fn the_tests_take_qemu_10_only_and_a_node_takes_10_or_newer() {
+        assert!(Need::Tests.accepts(Version(10, 0)) && Need::Tests.accepts(Version(10, 2)));
+        assert!(!Need::Tests.accepts(Version(9, 2)) && !Need::Tests.accepts(Version(11, 0)));
+        assert!(Need::Node.accepts(Version(11, 0)) && !Need::Node.accepts(Version(7, 2)));
+    }
+
+    #[test]
+    fn a_non_root_user_is_told_every_command() {
+        assert_eq!(
+            sudo_commands(&["bubblewrap"], true),
+            [
+                "sudo apt-get update",
+                "sudo apt-get install -y --no-install-recommends bubblewrap",
+                "sudo apt-get install -y --no-install-recommends -t bookworm-backports \
+                 qemu-system-x86   # with bookworm-backports in apt's sources",
+            ]
+        );
+        assert_eq!(sudo_commands(&[], false), ["sudo apt-get update"]);
     }
 
     #[test]
