@@ -19,7 +19,8 @@ enum Task {
     /// Install the system packages the tests need (bubblewrap, file, procps, QEMU 10), as
     /// root; otherwise print the apt commands. Fails unless all are there afterwards.
     Deps,
-    /// The gate CI runs: fmt, clippy, the silkd binary, then every test.
+    /// The gate CI runs: system packages (checked), fmt, clippy, every binary and example,
+    /// the guest image, then every test.
     Test(test::Args),
     /// Build silkd as a static release binary and print its path.
     BuildSilkd,

@@ -1,9 +1,10 @@
-//! `cargo xtask test`: the gate `.ci/run` runs. Format, lints, the debug silkd binary
-//! (other crates' tests spawn `target/debug/silkd`), the guest image (sandboxd's qemu
-//! tests boot `target/images/base`), then every test; stops at the first step that fails
-//! and names it.
+//! `cargo xtask test`: the gate `.ci/run` runs. The system packages the tests need (checked,
+//! not installed: `cargo xtask deps` does that), format, lints, every binary and example
+//! (tests spawn the prebuilt `target/debug/{silkd,sandboxd,sbx}` and examples and never
+//! build them), the guest image (sandboxd's qemu tests boot `target/images/base`), then
+//! every test; stops at the first step that fails and names it.
 
-use crate::{image, tool, workspace_root, Result};
+use crate::{deps, image, tool, workspace_root, Result};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -12,9 +13,12 @@ pub struct Args {
     pub cargo_test_args: Vec<String>,
 }
 
-/// One step of the gate: a cargo command, or the image build done in-process.
+/// One step of the gate: a cargo command, or work done in-process.
 enum Step<'a> {
     Cargo(&'a [&'a str]),
+    /// bwrap, file, ps and QEMU 10: first, so a host without them hears it in a second
+    /// and in one line, not after the build as a wall of failing tests.
+    Packages,
     Image,
 }
 
@@ -23,7 +27,8 @@ pub fn run(args: &Args) -> Result<()> {
         .into_iter()
         .chain(args.cargo_test_args.iter().map(String::as_str))
         .collect();
-    let steps: [(&'static str, Step); 5] = [
+    let steps: [(&'static str, Step); 6] = [
+        ("system packages", Step::Packages),
         ("fmt", Step::Cargo(&["fmt", "--all", "--check"])),
         (
             "clippy",
@@ -36,7 +41,10 @@ pub fn run(args: &Args) -> Result<()> {
                 "warnings",
             ]),
         ),
-        ("build silkd", Step::Cargo(&["build", "-p", "silkd"])),
+        (
+            "build",
+            Step::Cargo(&["build", "--workspace", "--bins", "--examples"]),
+        ),
         // Cached package downloads and an up-to-date static silkd make this a few seconds.
         ("image", Step::Image),
         ("test", Step::Cargo(&test)),
@@ -48,6 +56,7 @@ pub fn run(args: &Args) -> Result<()> {
             Step::Cargo(cargo_args) => {
                 tool::stream(step, tool::cargo().args(*cargo_args).current_dir(&root))?
             }
+            Step::Packages => deps::check()?,
             Step::Image => image::run(&image::Args::default())?,
         }
     }
