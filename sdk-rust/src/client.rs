@@ -16,12 +16,6 @@ pub const DEFAULT_URL: &str = "http://127.0.0.1:7777";
 /// How many times [`Sandbox::exec`] retries a 503 by default.
 pub const DEFAULT_BUSY_RETRIES: u32 = 5;
 
-/// Shortest wait between two tries of a busy exec (a `Retry-After: 0` must not spin).
-const MIN_BUSY_WAIT: Duration = Duration::from_millis(100);
-
-/// Longest wait between two tries of a busy exec, whatever `Retry-After` says.
-const MAX_BUSY_WAIT: Duration = Duration::from_secs(30);
-
 /// A client for one sandboxd node. Cheap to clone: clones share one connection pool.
 ///
 /// The token (root or tenant) authorizes claims, listing and node info. Each claimed
@@ -149,18 +143,27 @@ impl Client {
             .call(Method::POST, "/v1/claim", self.token(), Some(body))
             .await?
             .json(StatusCode::OK)?;
-        Ok(Sandbox::claimed(self.clone(), claimed))
+        Ok(Sandbox::claimed(
+            self.inner.http.clone(),
+            self.inner.busy_retries,
+            claimed,
+        ))
     }
 
     /// A handle on an existing sandbox, authenticating with this client's token (root
     /// may act on any sandbox). Makes no call.
     pub fn sandbox(&self, id: impl Into<String>) -> Sandbox {
-        Sandbox::attached(self.clone(), id.into(), self.inner.token.clone())
+        self.attach(id.into(), self.inner.token.clone())
     }
 
     /// A handle on an existing sandbox with its own token. Makes no call.
     pub fn sandbox_with_token(&self, id: impl Into<String>, token: impl Into<String>) -> Sandbox {
-        Sandbox::attached(self.clone(), id.into(), Some(token.into()))
+        self.attach(id.into(), Some(token.into()))
+    }
+
+    fn attach(&self, id: String, token: Option<String>) -> Sandbox {
+        let inner = &self.inner;
+        Sandbox::attached(inner.http.clone(), inner.busy_retries, id, token)
     }
 
     /// The caller's sandboxes (root sees all, a tenant its own). Never tokens.
@@ -198,12 +201,12 @@ impl Client {
             .expect(StatusCode::OK)
     }
 
-    pub(crate) fn token(&self) -> Option<&str> {
+    fn token(&self) -> Option<&str> {
         self.inner.token.as_deref()
     }
 
     /// One HTTP call to the node.
-    pub(crate) async fn call(
+    async fn call(
         &self,
         method: Method,
         path: &str,
@@ -211,35 +214,5 @@ impl Client {
         json: Option<Vec<u8>>,
     ) -> Result<Answer> {
         self.inner.http.send(method, path, token, json).await
-    }
-
-    /// `call`, retrying a 503 up to the configured number of times. Only for requests
-    /// that a 503 proves were not carried out (buffered exec).
-    pub(crate) async fn call_retrying_busy(
-        &self,
-        method: Method,
-        path: &str,
-        token: Option<&str>,
-        json: Vec<u8>,
-    ) -> Result<Answer> {
-        let mut tries = 0;
-        loop {
-            let answer = self
-                .call(method.clone(), path, token, Some(json.clone()))
-                .await?;
-            if answer.status != StatusCode::SERVICE_UNAVAILABLE || tries >= self.inner.busy_retries
-            {
-                return Ok(answer);
-            }
-            tries += 1;
-            let wait = crate::error::retry_after(&answer.headers)
-                .unwrap_or(Duration::from_secs(1))
-                .clamp(MIN_BUSY_WAIT, MAX_BUSY_WAIT);
-            tokio::time::sleep(wait).await;
-        }
-    }
-
-    pub(crate) fn http(&self) -> &Http {
-        &self.inner.http
     }
 }

@@ -2,15 +2,22 @@
 //! (buffered or streaming), give it back. The `sbx` CLI is built on it.
 //!
 //! # Layout
-//! - [`Client`] (`client.rs`): a node's URL and caller token, one pooled connection (TCP or
-//!   Unix socket); claim, list, info.
-//! - [`Sandbox`] (`sandbox.rs`): one sandbox and its token; buffered [`exec`](Sandbox::exec),
-//!   streaming [`spawn`](Sandbox::spawn), kill and ps over the relay, renew, release.
-//! - [`Process`] (`process.rs`): a spawned command; stdin, output streams, wait, kill.
-//!   Nothing it started keeps running once it is dropped.
-//! - [`Command`], [`ExitStatus`], [`Output`] (`command.rs`): what to run and how it ended.
-//! - [`Error`] (`error.rs`): one enum; HTTP statuses and guest errors map to variants.
-//! - `transport.rs`: HTTP/1 over TCP or Unix sockets, and the relay's upgrade.
+//!
+//! Modules in dependency order: each uses only modules above it, never one below
+//! (`tests::modules_form_a_dag` checks it).
+//!
+//! 1. `error.rs`: [`Error`], one enum; HTTP statuses and guest errors map to variants.
+//! 2. `command.rs`: [`Command`], [`ExitStatus`], [`Output`]: what to run and how it ended.
+//! 3. `transport.rs`: HTTP/1 over TCP or Unix sockets, one pooled connection, busy
+//!    retries, the `Upgrade: silkd` handshake.
+//! 4. `relay.rs`: `wire` frames over an upgraded connection; one-answer RPCs.
+//! 5. `sandbox.rs`: [`Sandbox`], one sandbox and its token; buffered
+//!    [`exec`](Sandbox::exec), kill and ps over the relay, renew, release.
+//! 6. `process.rs`: [`Process`], a spawned command (stdin, output streams, wait, kill),
+//!    and [`Sandbox::spawn`] that starts it. Nothing it started keeps running once it is
+//!    dropped.
+//! 7. `client.rs`: [`Client`], a node's URL and caller token; claim, list, info. It makes
+//!    [`Sandbox`] handles that share its connection pool.
 //!
 //! HTTP bodies come from the `api` crate that sandboxd uses too; relay frames from `wire`.
 //!
@@ -36,6 +43,7 @@ mod client;
 mod command;
 mod error;
 mod process;
+mod relay;
 mod sandbox;
 mod transport;
 
@@ -46,3 +54,42 @@ pub use error::{Error, Result, TransportError};
 pub use process::{Event, OutputStream, Process, ProcessStdin};
 pub use sandbox::Sandbox;
 pub use wire::{ProcInfo, ProcState};
+
+#[cfg(test)]
+mod tests {
+    /// The modules of `# Layout`, in order, with their source.
+    const LAYERS: [(&str, &str); 7] = [
+        ("error", include_str!("error.rs")),
+        ("command", include_str!("command.rs")),
+        ("transport", include_str!("transport.rs")),
+        ("relay", include_str!("relay.rs")),
+        ("sandbox", include_str!("sandbox.rs")),
+        ("process", include_str!("process.rs")),
+        ("client", include_str!("client.rs")),
+    ];
+
+    /// Every `crate::name` in a module's code (comments aside) names a module listed above
+    /// it. A re-export from the crate root (`crate::Sandbox`) would hide which module is
+    /// used, so code names the module.
+    #[test]
+    fn modules_form_a_dag() {
+        for (at, (module, source)) in LAYERS.iter().enumerate() {
+            let code = source
+                .lines()
+                .filter(|line| !line.trim_start().starts_with("//"));
+            for line in code {
+                for (i, path) in line.match_indices("crate::") {
+                    let name: String = line[i + path.len()..]
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '_')
+                        .collect();
+                    let used = LAYERS.iter().position(|(m, _)| *m == name);
+                    assert!(
+                        used.is_some_and(|used| used < at),
+                        "{module}.rs uses `crate::{name}`, which is not a module above it: {line}"
+                    );
+                }
+            }
+        }
+    }
+}

@@ -1,7 +1,9 @@
-//! [`Process`]: a command spawned over the relay. Owns the relay connection it was started
-//! on: a pump task reads its output frames, a feeder task writes its stdin frames. Kills go
-//! on a fresh relay connection (silkd takes any other frame during an exec as a protocol
-//! fault), and a `Process` dropped while running kills its command.
+//! [`Process`]: a command spawned over the relay, and [`Sandbox::spawn`] that starts it
+//! (defined here, not in `sandbox.rs`, so that `sandbox` need not know `Process`). Owns
+//! the relay connection it was started on: a pump task reads its output frames, a feeder
+//! task writes its stdin frames. Kills go on a fresh relay connection (silkd takes any
+//! other frame during an exec as a protocol fault), and a `Process` dropped while running
+//! kills its command.
 
 use std::io;
 use std::pin::Pin;
@@ -19,9 +21,10 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::PollSender;
 use wire::{Request, Response};
 
-use crate::command::{ExitStatus, Output};
+use crate::command::{Command, ExitStatus, Output};
 use crate::error::{Error, Result};
-use crate::sandbox::{Relay, Sandbox};
+use crate::relay::Relay;
+use crate::sandbox::Sandbox;
 
 /// Output frames queued per channel before the pump stops reading the relay. Frames are
 /// at most 64 KiB, so a reader that falls behind holds at most ~1 MiB here; past that,
@@ -34,6 +37,29 @@ const STDIN_CHUNK: usize = 64 * 1024;
 /// Bound on a kill made on a caller's behalf (drop, expired wait) and on the wait for the
 /// exit that follows it.
 const KILL_BOUND: Duration = Duration::from_secs(5);
+
+impl Sandbox {
+    /// Starts a command over the relay and returns as soon as it runs, with its output
+    /// streaming. See [`Process`] for stdin, output, waiting and killing.
+    pub async fn spawn(&self, cmd: &Command) -> Result<Process> {
+        let mut relay = self.relay().await?;
+        relay
+            .send(cmd.exec_frame())
+            .await
+            .map_err(Error::transport)?;
+        match relay.next().await {
+            Some(Ok(Response::Started { pid })) => {
+                Ok(Process::start(self.clone(), pid, relay, cmd.reads_stdin()))
+            }
+            Some(Ok(Response::Error { kind, message })) => Err(Error::from_guest(kind, message)),
+            Some(Ok(other)) => Err(Error::Protocol(format!("expected started, got {other:?}"))),
+            Some(Err(e)) => Err(Error::transport(e)),
+            None => Err(Error::Protocol(
+                "the relay closed before the command started".into(),
+            )),
+        }
+    }
+}
 
 /// One thing a running command did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,7 +107,7 @@ impl std::fmt::Debug for Process {
 }
 
 impl Process {
-    pub(crate) fn start(sandbox: Sandbox, pid: u32, relay: Relay, stdin: bool) -> Process {
+    fn start(sandbox: Sandbox, pid: u32, relay: Relay, stdin: bool) -> Process {
         let (sink, frames) = relay.split();
         let (events_tx, events) = mpsc::channel(QUEUE);
         let pump = Arc::new(Pump {

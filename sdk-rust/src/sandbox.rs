@@ -1,25 +1,21 @@
-//! [`Sandbox`]: one claimed sandbox and the calls made with its token: buffered exec, spawn
-//! over the relay, wire RPCs (kill, ps), renew and release.
+//! [`Sandbox`]: one claimed sandbox and the calls made with its token: buffered exec, wire
+//! RPCs over the relay (kill, ps), renew and release. [`Sandbox::spawn`] is defined in
+//! `process.rs`, beside the [`Process`](crate::Process) it returns, so that this module
+//! does not depend on it.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use base64::Engine as _;
-use futures::{SinkExt, StreamExt};
 use hyper::{Method, StatusCode};
-use hyper_util::rt::TokioIo;
-use tokio_util::codec::Framed;
-use wire::{HostCodec, Request, Response};
+use wire::{Request, Response};
 
-use crate::client::Client;
 use crate::command::{Command, ExitStatus, Output};
 use crate::error::{Error, Result};
-use crate::process::Process;
+use crate::relay::{self, Relay};
+use crate::transport::{Answer, Http};
 
 /// Largest request body sandboxd accepts (docs/api.md).
 const MAX_REQUEST_BODY: usize = 1024 * 1024;
-
-/// A relay connection: wire frames over the upgraded HTTP stream to a fresh silkd stream.
-pub(crate) type Relay = Framed<TokioIo<hyper::upgrade::Upgraded>, HostCodec>;
 
 /// One sandbox: its id, the token that acts on it, and its deadline when known.
 ///
@@ -27,7 +23,10 @@ pub(crate) type Relay = Framed<TokioIo<hyper::upgrade::Upgraded>, HostCodec>;
 /// [`release`](Sandbox::release) when done.
 #[derive(Clone)]
 pub struct Sandbox {
-    client: Client,
+    /// The node's connection pool, shared with the [`Client`](crate::Client) it came from.
+    http: Http,
+    /// How many times a busy (503) buffered exec is retried.
+    busy_retries: u32,
     id: String,
     token: Option<String>,
     deadline: Option<u64>,
@@ -44,18 +43,25 @@ impl std::fmt::Debug for Sandbox {
 }
 
 impl Sandbox {
-    pub(crate) fn claimed(client: Client, claim: api::ClaimResponse) -> Sandbox {
+    pub(crate) fn claimed(http: Http, busy_retries: u32, claim: api::ClaimResponse) -> Sandbox {
         Sandbox {
-            client,
+            http,
+            busy_retries,
             id: claim.id,
             token: Some(claim.token),
             deadline: Some(claim.deadline),
         }
     }
 
-    pub(crate) fn attached(client: Client, id: String, token: Option<String>) -> Sandbox {
+    pub(crate) fn attached(
+        http: Http,
+        busy_retries: u32,
+        id: String,
+        token: Option<String>,
+    ) -> Sandbox {
         Sandbox {
-            client,
+            http,
+            busy_retries,
             id,
             token,
             deadline: None,
@@ -73,7 +79,7 @@ impl Sandbox {
     }
 
     /// When the node will destroy the sandbox unless renewed; unknown for a handle made by
-    /// [`Client::sandbox`] until [`renew`](Sandbox::renew) is called.
+    /// [`Client::sandbox`](crate::Client::sandbox) until [`renew`](Sandbox::renew) is called.
     pub fn deadline(&self) -> Option<SystemTime> {
         self.deadline.map(|s| UNIX_EPOCH + Duration::from_secs(s))
     }
@@ -114,7 +120,7 @@ impl Sandbox {
     ///
     /// Output over the node's cap fails with [`Error::OutputTooLarge`], a timeout with
     /// [`Error::Timeout`]; in both cases the command was killed. A busy node (503) is
-    /// retried as [`Client::with_busy_retries`] says, then fails with [`Error::Busy`].
+    /// retried as [`Client::with_busy_retries`](crate::Client::with_busy_retries) says, then fails with [`Error::Busy`].
     pub async fn exec(&self, cmd: &Command) -> Result<Output> {
         if cmd.reads_stdin() {
             return Err(Error::BadRequest(
@@ -131,32 +137,17 @@ impl Sandbox {
             )));
         }
         let answer: api::ExecResponse = self
-            .client
-            .call_retrying_busy(Method::POST, &self.path("exec"), self.token(), body)
+            .http
+            .send_retrying_busy(
+                Method::POST,
+                &self.path("exec"),
+                self.token(),
+                body,
+                self.busy_retries,
+            )
             .await?
             .json(StatusCode::OK)?;
         decode_output(answer)
-    }
-
-    /// Starts a command over the relay and returns as soon as it runs, with its output
-    /// streaming. See [`Process`] for stdin, output, waiting and killing.
-    pub async fn spawn(&self, cmd: &Command) -> Result<Process> {
-        let mut relay = self.relay().await?;
-        relay
-            .send(cmd.exec_frame())
-            .await
-            .map_err(Error::transport)?;
-        match relay.next().await {
-            Some(Ok(Response::Started { pid })) => {
-                Ok(Process::start(self.clone(), pid, relay, cmd.reads_stdin()))
-            }
-            Some(Ok(Response::Error { kind, message })) => Err(Error::from_guest(kind, message)),
-            Some(Ok(other)) => Err(Error::Protocol(format!("expected started, got {other:?}"))),
-            Some(Err(e)) => Err(Error::transport(e)),
-            None => Err(Error::Protocol(
-                "the relay closed before the command started".into(),
-            )),
-        }
     }
 
     /// The guest's commands, running and recently exited (a wire `Ps`).
@@ -177,40 +168,23 @@ impl Sandbox {
         }
     }
 
-    /// One request on a fresh relay stream and its single answer.
+    /// One request on a fresh relay connection and its single answer.
     async fn rpc(&self, req: Request) -> Result<Response> {
-        let mut relay = self.relay().await?;
-        relay.send(req).await.map_err(Error::transport)?;
-        match relay.next().await {
-            Some(Ok(Response::Error { kind, message })) => Err(Error::from_guest(kind, message)),
-            Some(Ok(answer)) => Ok(answer),
-            Some(Err(e)) => Err(Error::transport(e)),
-            None => Err(Error::Protocol("the relay closed without an answer".into())),
-        }
+        relay::rpc(&self.http, &self.path("agent"), self.token(), req).await
     }
 
     /// A fresh relay connection to the sandbox's guest agent.
     pub(crate) async fn relay(&self) -> Result<Relay> {
-        let upgraded = self
-            .client
-            .http()
-            .upgrade(&self.path("agent"), self.token())
-            .await?;
-        Ok(Framed::new(TokioIo::new(upgraded), HostCodec::new()))
+        relay::connect(&self.http, &self.path("agent"), self.token()).await
     }
 
     fn path(&self, verb: &str) -> String {
         format!("/v1/sandboxes/{}/{verb}", self.id)
     }
 
-    async fn call(
-        &self,
-        method: Method,
-        verb: &str,
-        json: Option<Vec<u8>>,
-    ) -> Result<crate::transport::Answer> {
-        self.client
-            .call(method, &self.path(verb), self.token(), json)
+    async fn call(&self, method: Method, verb: &str, json: Option<Vec<u8>>) -> Result<Answer> {
+        self.http
+            .send(method, &self.path(verb), self.token(), json)
             .await
     }
 }

@@ -20,11 +20,17 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
-use crate::error::{Error, Result};
+use crate::error::{retry_after, Error, Result, TransportError};
 
 /// Largest response body read. A buffered exec answer is at most the node's output cap
 /// (8 MiB by default) as JSON, which escaping can grow about sixfold.
 const MAX_BODY: usize = 128 * 1024 * 1024;
+
+/// Shortest wait between two tries of a busy request (a `Retry-After: 0` must not spin).
+const MIN_BUSY_WAIT: Duration = Duration::from_millis(100);
+
+/// Longest wait between two tries of a busy request, whatever `Retry-After` says.
+const MAX_BUSY_WAIT: Duration = Duration::from_secs(30);
 
 /// Where sandboxd listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -234,13 +240,39 @@ impl Http {
         let body = Limited::new(body, MAX_BODY)
             .collect()
             .await
-            .map_err(|e| Error::Transport(crate::error::TransportError::from_boxed(e)))?
+            .map_err(|e| Error::Transport(TransportError::from_boxed(e)))?
             .to_bytes();
         Ok(Answer {
             status: parts.status,
             headers: parts.headers,
             body,
         })
+    }
+
+    /// `send`, retrying a 503 at most `retries` times, waiting as `Retry-After` says. Only
+    /// for requests that a 503 proves were not carried out (buffered exec).
+    pub(crate) async fn send_retrying_busy(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        json: Vec<u8>,
+        retries: u32,
+    ) -> Result<Answer> {
+        let mut tries = 0;
+        loop {
+            let answer = self
+                .send(method.clone(), path, token, Some(json.clone()))
+                .await?;
+            if answer.status != StatusCode::SERVICE_UNAVAILABLE || tries >= retries {
+                return Ok(answer);
+            }
+            tries += 1;
+            let wait = retry_after(&answer.headers)
+                .unwrap_or(Duration::from_secs(1))
+                .clamp(MIN_BUSY_WAIT, MAX_BUSY_WAIT);
+            tokio::time::sleep(wait).await;
+        }
     }
 
     /// `GET path` with `Upgrade: silkd`; the upgraded byte stream once the server said 101.
