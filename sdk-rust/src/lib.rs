@@ -1,5 +1,5 @@
 //! `sandbox_sdk`: the Rust client for sandboxd — claim a sandbox, run commands in it
-//! (buffered or streaming), give it back. The `sbx` CLI is built on it.
+//! (buffered or streaming), give it back. The `sbx` CLI (its own crate) is built on it.
 //!
 //! # Layout
 //!

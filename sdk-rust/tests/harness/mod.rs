@@ -168,15 +168,6 @@ impl Daemon {
     pub fn client(&self) -> Client {
         Client::new(&self.url).unwrap()
     }
-
-    /// `sbx` with this daemon's URL and root token in its environment.
-    pub fn sbx(&self) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_sbx"));
-        cmd.env("SANDBOXD_URL", &self.url)
-            .env("SANDBOXD_TOKEN", ROOT)
-            .stdin(Stdio::null());
-        cmd
-    }
 }
 
 impl Drop for Daemon {

@@ -1,6 +1,7 @@
-//! The `sbx` binary and the examples against a real sandboxd: exit codes,
-//! stdin forwarding, release on success, failure and Ctrl-C, one-line errors.
+//! The `sbx` binary against a real sandboxd: exit codes, stdin forwarding, release on
+//! success, failure and Ctrl-C, one-line errors, the config file.
 
+#[path = "../../sdk-rust/tests/harness/mod.rs"]
 mod harness;
 
 use std::process::Output;
@@ -11,9 +12,18 @@ use sandbox_sdk::ClaimOptions;
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
+/// `sbx` with this daemon's URL and root token in its environment.
+fn sbx_command(d: &Daemon) -> std::process::Command {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sbx"));
+    cmd.env("SANDBOXD_URL", &d.url)
+        .env("SANDBOXD_TOKEN", harness::ROOT)
+        .stdin(std::process::Stdio::null());
+    cmd
+}
+
 /// Runs an `sbx` command line to completion.
 async fn sbx(d: &Daemon, args: &[&str]) -> Output {
-    let mut cmd = Command::from(d.sbx());
+    let mut cmd = Command::from(sbx_command(d));
     cmd.args(args).kill_on_drop(true);
     cmd.output().await.expect("running sbx")
 }
@@ -57,7 +67,7 @@ async fn exec_streams_and_propagates_exit_codes() {
 
         // stdin is forwarded when it is not a terminal, EOF included; the sandbox's own
         // token works as well as root's.
-        let mut cmd = Command::from(d.sbx());
+        let mut cmd = Command::from(sbx_command(&d));
         cmd.args([
             "--token",
             sandbox.token().unwrap(),
@@ -92,7 +102,7 @@ async fn exec_streams_and_propagates_exit_codes() {
         );
 
         // A reader that goes away (`sbx exec ... yes | head`) ends the command: SIGPIPE.
-        let mut child = Command::from(d.sbx())
+        let mut child = Command::from(sbx_command(&d))
             .args(["exec", id, "--", "yes"])
             .stdout(std::process::Stdio::piped())
             .kill_on_drop(true)
@@ -161,7 +171,7 @@ async fn run_releases_on_success_and_on_failure() {
 async fn run_releases_on_interrupt() {
     let d = Daemon::start();
     bounded(async {
-        let mut child = Command::from(d.sbx())
+        let mut child = Command::from(sbx_command(&d))
             .args(["run", "--", "sleep", "600"])
             .kill_on_drop(true)
             .spawn()
@@ -266,64 +276,6 @@ async fn errors_are_one_line() {
             stderr(&out)
         );
         assert_eq!(stderr(&out).lines().count(), 1);
-    })
-    .await
-}
-
-#[tokio::test]
-async fn quickstart_example_runs_and_matches_the_docs() {
-    let example = harness::example("quickstart");
-    let source = include_str!("../examples/quickstart.rs");
-    for (name, docs) in [
-        ("docs/sdk.md", include_str!("../../docs/sdk.md")),
-        ("README.md", include_str!("../../README.md")),
-    ] {
-        assert!(
-            docs.contains(&format!("```rust\n{source}```")),
-            "{name} must show examples/quickstart.rs verbatim in a ```rust block"
-        );
-    }
-
-    let d = Daemon::start();
-    bounded(async {
-        let out = Command::new(example)
-            .env("SANDBOXD_URL", &d.url)
-            .env("SANDBOXD_TOKEN", harness::ROOT)
-            .output()
-            .await
-            .unwrap();
-        assert!(out.status.success(), "{}", stderr(&out));
-        let text = String::from_utf8(out.stdout.clone()).unwrap();
-        assert!(text.starts_with("Linux "), "{text}");
-        assert!(
-            text.contains("HELLO FROM A SANDBOX\nexited: exit code 0\n"),
-            "{text}"
-        );
-        assert_eq!(stderr(&out), "done\n");
-        assert!(d.root().list().await.unwrap().is_empty());
-    })
-    .await
-}
-
-#[tokio::test]
-async fn stream_example_gives_up_and_leaves_nothing() {
-    let example = harness::example("stream");
-    let d = Daemon::start();
-    bounded(async {
-        let out = Command::new(example)
-            .env("SANDBOXD_URL", &d.url)
-            .env("SANDBOXD_TOKEN", harness::ROOT)
-            .output()
-            .await
-            .unwrap();
-        assert!(out.status.success(), "{}", stderr(&out));
-        let text = String::from_utf8(out.stdout.clone()).unwrap();
-        assert!(text.contains("\ntick 1\ntick 2\n"), "{text}");
-        assert!(
-            text.ends_with("gave up after 1s; killed\nstill running: 0\n"),
-            "{text}"
-        );
-        assert!(d.root().list().await.unwrap().is_empty());
     })
     .await
 }

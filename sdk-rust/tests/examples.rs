@@ -1,0 +1,69 @@
+//! The examples against a real sandboxd: each runs, leaves nothing behind, and the
+//! quickstart is the one the docs show.
+
+mod harness;
+
+use harness::{bounded, Daemon};
+use tokio::process::Command;
+
+fn stderr(out: &std::process::Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[tokio::test]
+async fn quickstart_example_runs_and_matches_the_docs() {
+    let example = harness::example("quickstart");
+    let source = include_str!("../examples/quickstart.rs");
+    for (name, docs) in [
+        ("docs/sdk.md", include_str!("../../docs/sdk.md")),
+        ("README.md", include_str!("../../README.md")),
+    ] {
+        assert!(
+            docs.contains(&format!("```rust\n{source}```")),
+            "{name} must show examples/quickstart.rs verbatim in a ```rust block"
+        );
+    }
+
+    let d = Daemon::start();
+    bounded(async {
+        let out = Command::new(example)
+            .env("SANDBOXD_URL", &d.url)
+            .env("SANDBOXD_TOKEN", harness::ROOT)
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = String::from_utf8(out.stdout.clone()).unwrap();
+        assert!(text.starts_with("Linux "), "{text}");
+        assert!(
+            text.contains("HELLO FROM A SANDBOX\nexited: exit code 0\n"),
+            "{text}"
+        );
+        assert_eq!(stderr(&out), "done\n");
+        assert!(d.root().list().await.unwrap().is_empty());
+    })
+    .await
+}
+
+#[tokio::test]
+async fn stream_example_gives_up_and_leaves_nothing() {
+    let example = harness::example("stream");
+    let d = Daemon::start();
+    bounded(async {
+        let out = Command::new(example)
+            .env("SANDBOXD_URL", &d.url)
+            .env("SANDBOXD_TOKEN", harness::ROOT)
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        let text = String::from_utf8(out.stdout.clone()).unwrap();
+        assert!(text.contains("\ntick 1\ntick 2\n"), "{text}");
+        assert!(
+            text.ends_with("gave up after 1s; killed\nstill running: 0\n"),
+            "{text}"
+        );
+        assert!(d.root().list().await.unwrap().is_empty());
+    })
+    .await
+}
