@@ -88,7 +88,7 @@ pub fn load_or_create_token(path: &Path) -> Result<(String, bool)> {
 }
 
 /// `${XDG_CONFIG_HOME:-$HOME/.config}/sbx/config.toml`, where `sbx` looks when neither a
-/// flag nor the environment names the URL or token (sbx/src/main.rs).
+/// flag nor the environment names the URL or token (sbx/src/config.rs).
 pub fn sbx_config_path() -> Result<PathBuf> {
     let dir = |var| {
         std::env::var_os(var)

@@ -1,0 +1,153 @@
+//! The command line: clap's types for sbx's flags and subcommands, and turning their
+//! arguments into SDK values. Parses only; runs nothing.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+use sandbox_sdk::ClaimOptions;
+
+/// Claim sandboxes from sandboxd and run commands in them.
+#[derive(Parser)]
+#[command(name = "sbx", version)]
+pub struct Cli {
+    /// sandboxd's URL: http://host:port or unix:/path/to/socket [default: the config
+    /// file's `url`, else http://127.0.0.1:7777].
+    #[arg(long, global = true, env = "SANDBOXD_URL")]
+    pub url: Option<String>,
+    /// Bearer token: root or tenant; for `exec`, `renew` and `release` also the sandbox's own
+    /// [default: the config file's `token`].
+    #[arg(long, global = true, env = "SANDBOXD_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    #[command(subcommand)]
+    pub command: Cmd,
+}
+
+#[derive(Subcommand)]
+pub enum Cmd {
+    /// Claim a sandbox; print its id, token and deadline.
+    Claim {
+        #[command(flatten)]
+        claim: ClaimArgs,
+        /// Print the claim answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a command in a claimed sandbox, streaming its output; exit with its code.
+    Exec {
+        /// Sandbox id.
+        id: String,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Claim a sandbox, run a command in it, release it (also on failure or Ctrl-C).
+    Run {
+        #[command(flatten)]
+        claim: ClaimArgs,
+        #[command(flatten)]
+        run: RunArgs,
+    },
+    /// Release a sandbox (an already released one is not an error).
+    Release {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Move a sandbox's deadline.
+    Renew {
+        /// Sandbox id.
+        id: String,
+        /// New lifetime from now, in seconds.
+        #[arg(long)]
+        ttl: u64,
+    },
+    /// List sandboxes (root: all; tenant: its own).
+    Ls {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Show the node (pools, limits, engine) as JSON, or one sandbox when given its id.
+    Info {
+        /// Sandbox id.
+        id: Option<String>,
+    },
+}
+
+#[derive(Args)]
+pub struct ClaimArgs {
+    /// Template name (the node's default when absent).
+    #[arg(long)]
+    pub template: Option<String>,
+    /// Size name (the node's default when absent).
+    #[arg(long)]
+    pub size: Option<String>,
+    /// Lifetime in seconds (the node's default when absent).
+    #[arg(long)]
+    pub ttl: Option<u64>,
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Working directory inside the sandbox.
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// Environment variable KEY=VALUE (repeatable).
+    #[arg(long = "env", short = 'e', value_parser = parse_env)]
+    pub env: Vec<(String, String)>,
+    /// Kill the command after this many seconds (exit 124).
+    #[arg(long)]
+    pub timeout: Option<f64>,
+    /// The command and its arguments.
+    #[arg(last = true, required = true)]
+    pub argv: Vec<String>,
+}
+
+fn parse_env(s: &str) -> Result<(String, String), String> {
+    s.split_once('=')
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .ok_or_else(|| format!("{s:?} is not KEY=VALUE"))
+}
+
+/// The claim that `--template`, `--size` and `--ttl` ask for; the node's defaults fill
+/// what is absent.
+pub fn claim_options(args: ClaimArgs) -> ClaimOptions {
+    let mut opts = ClaimOptions::new();
+    if let Some(t) = args.template {
+        opts = opts.template(t);
+    }
+    if let Some(s) = args.size {
+        opts = opts.size(s);
+    }
+    if let Some(ttl) = args.ttl {
+        opts = opts.ttl(Duration::from_secs(ttl));
+    }
+    opts
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_pairs_split_at_the_first_equals() {
+        assert_eq!(parse_env("A=b=c"), Ok(("A".into(), "b=c".into())));
+        assert_eq!(parse_env("EMPTY="), Ok(("EMPTY".into(), String::new())));
+        assert!(parse_env("NOVALUE").is_err());
+    }
+
+    #[test]
+    fn command_line_shapes() {
+        let cli = Cli::try_parse_from([
+            "sbx", "exec", "sb-1", "-e", "K=V", "--", "sh", "-c", "exit 7",
+        ])
+        .unwrap();
+        let Cmd::Exec { id, run } = cli.command else {
+            panic!("not exec")
+        };
+        assert_eq!(id, "sb-1");
+        assert_eq!(run.argv, ["sh", "-c", "exit 7"]);
+        assert_eq!(run.env, [("K".to_string(), "V".to_string())]);
+        // The argv is required, after `--`.
+        assert!(Cli::try_parse_from(["sbx", "run"]).is_err());
+        assert!(Cli::try_parse_from(["sbx", "run", "--ttl", "5", "--", "true"]).is_ok());
+    }
+}

@@ -1,0 +1,217 @@
+//! `exec` and `run`: a command spawned over the relay with its output copied to ours and
+//! our stdin to it, signals to sbx turned into a kill, and the exit code sbx ends with.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use sandbox_sdk::{Client, Command, Error, ExitStatus, Process, Sandbox};
+use tokio::signal::unix::{signal, SignalKind};
+use tokio::sync::watch;
+
+use crate::cli::{claim_options, ClaimArgs, RunArgs};
+use crate::progress::with_progress;
+
+/// Exit code when sbx itself failed during `exec` or `run` (as `docker run` does), so it
+/// does not collide with the command's own codes.
+const EXIT_SBX_FAILED: u8 = 125;
+/// Exit code when the command's `--timeout` expired (as coreutils `timeout` does).
+const EXIT_TIMEOUT: u8 = 124;
+
+/// Why `exec` or `run` stopped, when it was not the command ending by itself.
+enum Stop {
+    /// sbx got this signal; the command was killed.
+    Signal(i32),
+    /// The call failed.
+    Failed(Error),
+}
+
+impl From<Error> for Stop {
+    fn from(e: Error) -> Stop {
+        Stop::Failed(e)
+    }
+}
+
+/// The exit code of `exec` / `run`.
+fn finish(result: Result<ExitStatus, Stop>) -> u8 {
+    match result {
+        // Codes outside 0..=255 cannot be an exit status; a shell would truncate them.
+        Ok(status) => (status.shell_code() & 0xff) as u8,
+        Err(Stop::Signal(sig)) => (128 + sig) as u8,
+        Err(Stop::Failed(Error::Timeout)) => {
+            eprintln!("sbx: {}", Error::Timeout);
+            EXIT_TIMEOUT
+        }
+        Err(Stop::Failed(e)) => {
+            eprintln!("sbx: {e}");
+            EXIT_SBX_FAILED
+        }
+    }
+}
+
+/// `sbx exec ID -- ARGV`: the command in an existing sandbox; sbx's exit code.
+pub async fn exec_cmd(client: &Client, id: String, run: RunArgs) -> u8 {
+    let interrupts = match Interrupts::install() {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("sbx: {e}");
+            return EXIT_SBX_FAILED;
+        }
+    };
+    finish(stream(&client.sandbox(id), run, &interrupts).await)
+}
+
+/// `sbx run -- ARGV`: claim, exec, release (also on failure or a signal); sbx's exit code.
+pub async fn run_cmd(client: &Client, claim: ClaimArgs, run: RunArgs) -> u8 {
+    let interrupts = match Interrupts::install() {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("sbx: {e}");
+            return EXIT_SBX_FAILED;
+        }
+    };
+    // The claim is not raced with signals: a claim abandoned mid-flight could still be
+    // granted, and its id would never be known to release. A signal is acted on once the
+    // claim has answered.
+    let claimed = with_progress("claiming a sandbox", client.claim(claim_options(claim))).await;
+    let sandbox = match claimed {
+        Ok(s) => s,
+        Err(e) => return finish(Err(Stop::Failed(e))),
+    };
+    let outcome = match interrupts.received() {
+        Some(sig) => Err(Stop::Signal(sig)),
+        None => stream(&sandbox, run, &interrupts).await,
+    };
+    let code = finish(outcome);
+    match with_progress("releasing the sandbox", sandbox.release()).await {
+        Ok(()) => code,
+        Err(e) => {
+            eprintln!("sbx: releasing {}: {e}", sandbox.id());
+            EXIT_SBX_FAILED
+        }
+    }
+}
+
+/// Spawns the command over the relay, copies its output to ours (and our stdin to it
+/// when ours is not a terminal), and waits for it. A signal to sbx kills the command.
+async fn stream(
+    sandbox: &Sandbox,
+    args: RunArgs,
+    interrupts: &Interrupts,
+) -> Result<ExitStatus, Stop> {
+    let forward_stdin = !std::io::stdin().is_terminal();
+    let mut cmd = Command::from_argv(args.argv)
+        .envs(args.env)
+        .stdin(forward_stdin);
+    if let Some(cwd) = args.cwd {
+        cmd = cmd.cwd(cwd);
+    }
+    if let Some(secs) = args.timeout {
+        if !(secs.is_finite() && secs > 0.0) {
+            return Err(Error::BadRequest("--timeout must be a positive number".into()).into());
+        }
+        cmd = cmd.timeout(Duration::from_secs_f64(secs));
+    }
+    let mut process = tokio::select! {
+        spawned = sandbox.spawn(&cmd) => spawned?,
+        sig = interrupts.wait() => return Err(Stop::Signal(sig)),
+    };
+    // Not awaited: a command may exit without reading its stdin, and the copy blocks on
+    // our stdin until it does; the copy ends with the process.
+    if let Some(mut stdin) = process.stdin() {
+        tokio::spawn(async move {
+            if tokio::io::copy(&mut tokio::io::stdin(), &mut stdin)
+                .await
+                .is_ok()
+            {
+                let _ = stdin.close().await;
+            }
+        });
+    }
+    let ended = tokio::select! {
+        ended = copy_and_wait(&mut process) => ended,
+        sig = interrupts.wait() => {
+            if let Err(e) = process.kill().await {
+                eprintln!("sbx: killing pid {}: {e}", process.pid());
+            }
+            return Err(Stop::Signal(sig));
+        }
+    };
+    ended
+}
+
+/// Copies the command's output to ours until it ends, then waits for its status. When our
+/// stdout or stderr is closed (`sbx exec ... | head`), the command is killed, as SIGPIPE
+/// would end a local one, and sbx exits 128 + SIGPIPE.
+async fn copy_and_wait(process: &mut Process) -> Result<ExitStatus, Stop> {
+    let mut out = process.take_stdout().expect("taken first");
+    let mut err = process.take_stderr().expect("taken first");
+    let (mut stdout, mut stderr) = (tokio::io::stdout(), tokio::io::stderr());
+    // `copy` flushes once its reader ends.
+    let copied = tokio::try_join!(
+        tokio::io::copy(&mut out, &mut stdout),
+        tokio::io::copy(&mut err, &mut stderr),
+    );
+    if copied.is_err() {
+        process.kill().await?;
+        return Err(Stop::Signal(libc::SIGPIPE));
+    }
+    Ok(process.wait().await?)
+}
+
+/// SIGINT, SIGTERM and SIGHUP, caught from the start so that `run` always gets to
+/// release its sandbox.
+struct Interrupts {
+    rx: watch::Receiver<Option<i32>>,
+}
+
+impl Interrupts {
+    fn install() -> Result<Interrupts, std::io::Error> {
+        let (tx, rx) = watch::channel(None);
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        let mut hup = signal(SignalKind::hangup())?;
+        tokio::spawn(async move {
+            loop {
+                let sig = tokio::select! {
+                    _ = int.recv() => libc::SIGINT,
+                    _ = term.recv() => libc::SIGTERM,
+                    _ = hup.recv() => libc::SIGHUP,
+                };
+                if tx.borrow().is_none() {
+                    eprintln!("sbx: interrupted; cleaning up");
+                }
+                tx.send_replace(Some(sig));
+            }
+        });
+        Ok(Interrupts { rx })
+    }
+
+    fn received(&self) -> Option<i32> {
+        *self.rx.borrow()
+    }
+
+    async fn wait(&self) -> i32 {
+        let mut rx = self.rx.clone();
+        let sig = rx.wait_for(Option::is_some).await.map(|sig| *sig);
+        match sig {
+            Ok(sig) => sig.expect("waited for Some"),
+            // The sender lives as long as the runtime; never ends otherwise.
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(finish(Ok(ExitStatus::Code(7))), 7);
+        assert_eq!(finish(Ok(ExitStatus::Code(256 + 3))), 3);
+        assert_eq!(finish(Ok(ExitStatus::Signal(9))), 137);
+        assert_eq!(finish(Err(Stop::Signal(libc::SIGINT))), 130);
+        assert_eq!(finish(Err(Stop::Failed(Error::Timeout))), EXIT_TIMEOUT);
+        assert_eq!(finish(Err(Stop::Failed(Error::NotFound))), EXIT_SBX_FAILED);
+    }
+}
