@@ -12,7 +12,8 @@
 //!   the JSON body is encoded next to its route, in `api/exec.rs`.
 //! - [`relay`]: the relay's byte pipe (dial, then copy both ways); the upgrade is `api/agent.rs`.
 //! - [`guest`]: RPCs sandboxd makes to silkd itself (Info, Kill, warmup).
-//! - [`engine`]: the engine trait and the `process` engine (bubblewrap + cgroups).
+//! - [`engine`]: the engine trait, each guest's [`engine::Fate`] (how it ended, written once
+//!   by its supervisor), the `process` engine (bubblewrap + cgroups) and `qemu` (real VMs).
 //! - [`metrics`]: Prometheus metrics.
 //!
 //! [`run`] takes a bound [`Listener`], so tests start the daemon in-process on port 0.

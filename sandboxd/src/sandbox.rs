@@ -61,7 +61,7 @@ impl Sandbox {
     }
 
     /// Turns a channel error into the sandbox's failure when the guest turns out to have
-    /// died (its supervisor gets [`CONFIRM_FAILURE`] to say so). Any other error, or a
+    /// died (its supervisor gets 500 ms to say so). Any other error, or a
     /// channel error from a guest that is still alive, is returned as it is.
     pub async fn explain(&self, e: Error) -> Error {
         if !matches!(e, Error::Guest(_) | Error::Wire(_)) {

@@ -1,6 +1,6 @@
 //! Warm pools, engine-neutral. A pool per (template, size) keeps `warm` idle guests; its
-//! worker ([`refill`]) builds the golden ([`golden`]) and refills. Targets come from the
-//! config and `PUT /v1/pools` and persist in `data_dir/pools.json` ([`targets`]). Pools
+//! worker (`refill.rs`) builds the golden (`golden.rs`) and refills. Targets come from the
+//! config and `PUT /v1/pools` and persist in `data_dir/pools.json` (`targets.rs`). Pools
 //! are found by key, one map lookup.
 
 mod golden;
