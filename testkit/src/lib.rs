@@ -1,0 +1,36 @@
+//! Test support for the workspace's integration tests: everything a test needs to run
+//! the real binaries and clean up after them, in one place.
+//!
+//! # Layout
+//! - [`bins`]: where the prebuilt `silkd`, `sandboxd`, `sbx` and examples are; tests
+//!   never build anything themselves.
+//! - [`wait`]: [`wait_until`], the one bounded polling loop, and [`bounded`].
+//! - [`guard`]: [`ChildGuard`], a spawned process that is stopped, reaped and swept up
+//!   when the test ends, even by a panic.
+//! - [`procs`]: reading `/proc`: processes by command line or group, states, signals.
+//! - [`http`]: one HTTP/1.1 request to a sandboxd, over TCP or a Unix socket.
+//! - [`setup`]: the test node's config and tokens.
+//! - [`daemon`]: a real sandboxd, in-process ([`Daemon`]) or as the binary
+//!   ([`DaemonProcess`]), and its HTTP API ([`Api`]).
+//! - [`silkd`]: a real silkd on a Unix socket and a frame client for it.
+//! - [`sdk`]: the SDK tests' daemon and what runs in a sandbox, asked through the SDK.
+//! - [`vm`]: what the VM tests need from the host (QEMU, the guest image).
+#![deny(missing_docs)]
+
+pub mod bins;
+pub mod daemon;
+pub mod guard;
+pub mod http;
+pub mod procs;
+pub mod sdk;
+pub mod setup;
+pub mod silkd;
+pub mod vm;
+pub mod wait;
+
+pub use daemon::{Api, Daemon, DaemonProcess};
+pub use guard::ChildGuard;
+pub use http::{call, Endpoint, Resp};
+pub use setup::{Listen, Setup, ROOT, TENANT_A, TENANT_B};
+pub use silkd::Silkd;
+pub use wait::{bounded, wait_until};

@@ -1,0 +1,151 @@
+//! The test node's config: the few knobs tests turn, everything else small and fixed,
+//! rendered as sandboxd's TOML (process engine, the host's `/` as rootfs, real silkd);
+//! and the tokens it accepts.
+
+use std::path::{Path, PathBuf};
+
+use crate::bins;
+
+/// The root token.
+pub const ROOT: &str = "root-token-for-tests-0001";
+/// Tenant `a` (max claims: [`Setup::tenant_a_max_claims`]).
+pub const TENANT_A: &str = "tenant-a-token-for-tests";
+/// Tenant `b` (max claims: 1).
+pub const TENANT_B: &str = "tenant-b-token-for-tests";
+
+/// Knobs of the test config.
+#[derive(Clone)]
+pub struct Setup {
+    /// The pool's warm target.
+    pub warm: u32,
+    /// The pool's `warm_max`.
+    pub warm_max: u32,
+    /// TOML array literal, e.g. `["false"]`.
+    pub warmup: Option<String>,
+    /// Node-wide claim limit.
+    pub max_claims: u32,
+    /// Claim limit of tenant `a`.
+    pub tenant_a_max_claims: u32,
+    /// `[exec] max_output_bytes`.
+    pub max_output_bytes: u64,
+    /// `[exec] memory_budget_bytes`.
+    pub memory_budget_bytes: u64,
+    /// `[exec] max_in_flight`.
+    pub max_in_flight: u32,
+    /// TTL of a claim that asks for none.
+    pub default_ttl_seconds: u64,
+    /// Longest TTL granted.
+    pub max_ttl_seconds: u64,
+    /// `[process] cgroup_root`; the host's when absent.
+    pub cgroup_root: Option<PathBuf>,
+}
+
+impl Default for Setup {
+    /// sandboxd's own tests: small limits, short TTLs.
+    fn default() -> Self {
+        Setup {
+            warm: 1,
+            warm_max: 4,
+            warmup: None,
+            max_claims: 8,
+            tenant_a_max_claims: 2,
+            max_output_bytes: 64 * 1024,
+            memory_budget_bytes: 1024 * 1024,
+            max_in_flight: 8,
+            default_ttl_seconds: 60,
+            max_ttl_seconds: 120,
+            cgroup_root: None,
+        }
+    }
+}
+
+impl Setup {
+    /// The SDK and `sbx` tests: room for large outputs, long TTLs, one claim for tenant `a`.
+    pub fn sdk() -> Setup {
+        Setup {
+            max_claims: 16,
+            tenant_a_max_claims: 1,
+            max_output_bytes: 4 * 1024 * 1024,
+            memory_budget_bytes: 16 * 1024 * 1024,
+            max_in_flight: 16,
+            default_ttl_seconds: 120,
+            max_ttl_seconds: 600,
+            ..Setup::default()
+        }
+    }
+
+    /// The config file, with `data_dir` and `listen` (`host:port` or `unix:/path`).
+    pub fn toml(&self, data_dir: &Path, listen: &str) -> String {
+        let mut t = format!(
+            r#"listen = "{listen}"
+data_dir = "{data}"
+api_token = "{ROOT}"
+silkd_path = "{silkd}"
+max_claims = {max_claims}
+default_ttl_seconds = {dttl}
+max_ttl_seconds = {mttl}
+boot_timeout_seconds = 10
+warmup_timeout_seconds = 10
+
+[templates.host]
+rootfs = "/"
+
+[sizes.small]
+cpus = 1
+memory_mib = 256
+max_pids = 256
+
+[[pools]]
+template = "host"
+size = "small"
+warm = {warm}
+warm_max = {warm_max}
+"#,
+            data = data_dir.display(),
+            silkd = bins::silkd().display(),
+            max_claims = self.max_claims,
+            dttl = self.default_ttl_seconds,
+            mttl = self.max_ttl_seconds,
+            warm = self.warm,
+            warm_max = self.warm_max,
+        );
+        if let Some(w) = &self.warmup {
+            t.push_str(&format!("warmup = {w}\n"));
+        }
+        t.push_str(&format!(
+            "\n[exec]\nmax_output_bytes = {}\nmemory_budget_bytes = {}\nmax_in_flight = {}\n",
+            self.max_output_bytes, self.memory_budget_bytes, self.max_in_flight
+        ));
+        if let Some(root) = &self.cgroup_root {
+            t.push_str(&format!(
+                "\n[process]\ncgroup_root = \"{}\"\n",
+                root.display()
+            ));
+        }
+        t.push_str(&format!(
+            "\n[[tenants]]\nname = \"a\"\ntoken = \"{TENANT_A}\"\nmax_claims = {}\n\
+             \n[[tenants]]\nname = \"b\"\ntoken = \"{TENANT_B}\"\nmax_claims = 1\n",
+            self.tenant_a_max_claims
+        ));
+        t
+    }
+}
+
+/// How a test daemon listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Listen {
+    /// `127.0.0.1:0`: the kernel picks the port, the daemon says which.
+    Tcp,
+    /// `unix:<dir>/sandboxd.sock`.
+    Unix,
+}
+
+impl Listen {
+    /// The `listen` value for a daemon whose files live in `dir`.
+    pub fn address(self, dir: &Path) -> String {
+        match self {
+            Listen::Tcp => "127.0.0.1:0".into(),
+            Listen::Unix => format!("unix:{}", dir.join("sandboxd.sock").display()),
+        }
+    }
+}
