@@ -2,13 +2,12 @@
 //! route, claim limits, TTL expiry, pool targets online and across restarts, goldens
 //! (warmup failure, stamp reuse and mismatch), and the relay.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{assert_gone, marker, wait_running, Daemon, Setup, ROOT, TENANT_A, TENANT_B};
 use futures::{SinkExt, StreamExt};
 use serde_json::json;
+use testkit::procs::{assert_gone, marker, wait_running};
+use testkit::{Daemon, Setup, ROOT, TENANT_A, TENANT_B};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::codec::Framed;
 use wire::{HostCodec, Request, Response};
@@ -86,7 +85,7 @@ async fn auth_matrix_on_every_route() {
         for (who, want) in WHO.iter().zip(expected) {
             let token = token_for(*who, &own);
             let status = if path.ends_with("/agent") {
-                upgrade(d.addr, &path, token.as_deref()).await.0
+                upgrade(d.addr(), &path, token.as_deref()).await.0
             } else {
                 d.call(method, &path, token.as_deref(), *body)
                     .await
@@ -245,11 +244,11 @@ async fn ttl_expiry_kills_running_command() {
         v["token"].as_str().unwrap().to_string(),
     );
     let m = marker(10);
-    let addr = d.addr;
+    let addr = d.addr();
     let (id2, token2, m2) = (id.clone(), token.clone(), m.clone());
     let running = tokio::spawn(async move {
         let body = json!({"argv": ["sleep", m2]}).to_string();
-        common::call(
+        testkit::call(
             addr,
             "POST",
             &format!("/v1/sandboxes/{id2}/exec"),
@@ -481,12 +480,12 @@ async fn relay_speaks_wire_and_half_closes() {
     let d = Daemon::start(Setup::default()).await;
     let (id, token) = d.claim().await;
     let path = format!("/v1/sandboxes/{id}/agent");
-    let (status, _, _) = upgrade_with(d.addr, &path, Some(&token), false).await;
+    let (status, _, _) = upgrade_with(d.addr(), &path, Some(&token), false).await;
     assert_eq!(status, 426);
-    let (status, _, _) = upgrade(d.addr, "/v1/sandboxes/sb-unknown/agent", Some(ROOT)).await;
+    let (status, _, _) = upgrade(d.addr(), "/v1/sandboxes/sb-unknown/agent", Some(ROOT)).await;
     assert_eq!(status, 404);
 
-    let (status, stream, rest) = upgrade(d.addr, &path, Some(&token)).await;
+    let (status, stream, rest) = upgrade(d.addr(), &path, Some(&token)).await;
     assert_eq!(status, 101);
     assert!(rest.is_empty());
     let mut conn = Framed::new(stream, HostCodec::new());
@@ -537,16 +536,13 @@ async fn relay_speaks_wire_and_half_closes() {
         .exec(&id, &token, json!({"argv": ["sh", "-c", "kill -9 $PPID"]}))
         .await;
     assert_eq!(r.status, 502);
-    let (status, _, _) = upgrade(d.addr, &path, Some(&token)).await;
+    let (status, _, _) = upgrade(d.addr(), &path, Some(&token)).await;
     assert_eq!(status, 502);
     d.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn listens_on_a_unix_socket() {
-    use http_body_util::{BodyExt, Empty};
-    use hyper_util::rt::TokioIo;
-
     let tmp = tempfile::tempdir().unwrap();
     let sock = tmp.path().join("api.sock");
     let text = Setup {
@@ -554,29 +550,11 @@ async fn listens_on_a_unix_socket() {
         ..Setup::default()
     }
     .toml(tmp.path(), &format!("unix:{}", sock.display()));
-    let config = sandboxd::Config::parse(&text).unwrap();
-    let listener = sandboxd::Listener::bind(&config).await.unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(sandboxd::run(listener, config, async move {
-        let _ = stopped.await;
-    }));
-    let stream = tokio::net::UnixStream::connect(&sock).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let req = hyper::Request::get("/v1/info")
-        .header("host", "sandboxd")
-        .header("authorization", format!("Bearer {ROOT}"))
-        .body(Empty::<bytes::Bytes>::new())
-        .unwrap();
-    let resp = sender.send_request(req).await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    let info: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    let d = Daemon::start_text(tmp.path(), &text).await;
+    assert_eq!(d.endpoint, testkit::Endpoint::Unix(sock.clone()));
+    let info = d.info().await;
     assert_eq!(info["engine"]["name"], "process");
-    let _ = stop.send(());
-    server.await.unwrap().unwrap();
+    d.stop().await;
     assert!(!sock.exists(), "socket file removed on shutdown");
 }
 

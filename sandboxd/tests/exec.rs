@@ -1,13 +1,12 @@
 //! Buffered exec against a real sandboxd, real silkd and real bubblewrap: exact bytes,
 //! encodings, every status of DESIGN section 5, and that no give-up leaves a process.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use common::{assert_gone, marker, wait_running, Daemon, Setup, ROOT};
 use serde_json::json;
+use testkit::procs::{self, assert_gone, marker, procs_with, wait_running};
+use testkit::{wait_until, Daemon, Setup, ROOT};
 use tokio::io::AsyncWriteExt;
 
 fn b64(v: &serde_json::Value) -> Vec<u8> {
@@ -205,7 +204,7 @@ async fn client_hanging_up_leaves_no_process() {
     let (id, token) = d.claim().await;
     let m = marker(3);
     let body = json!({"argv": ["sleep", m]}).to_string();
-    let mut stream = tokio::net::TcpStream::connect(d.addr).await.unwrap();
+    let mut stream = tokio::net::TcpStream::connect(d.addr()).await.unwrap();
     let req = format!(
         "POST /v1/sandboxes/{id}/exec HTTP/1.1\r\nhost: x\r\nauthorization: Bearer {token}\r\n\
          content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
@@ -230,11 +229,11 @@ async fn in_flight_limit_answers_503_with_retry_after() {
     .await;
     let (id, token) = d.claim().await;
     let m = marker(4);
-    let addr = d.addr;
+    let addr = d.addr();
     let (id2, token2) = (id.clone(), token.clone());
     let slow = tokio::spawn(async move {
         let body = json!({"argv": ["sh", "-c", format!("sleep 1.5; : {m}")]}).to_string();
-        common::call(
+        testkit::call(
             addr,
             "POST",
             &format!("/v1/sandboxes/{id2}/exec"),
@@ -285,7 +284,7 @@ async fn unreachable_guest_answers_502() {
 }
 
 /// The cgroup path of `pid` for a v1 controller, from /proc/PID/cgroup.
-fn cgroup_of(pid: i32, controller: &str) -> Option<String> {
+fn cgroup_of(pid: u32, controller: &str) -> Option<String> {
     let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
     text.lines().find_map(|l| {
         let mut parts = l.splitn(3, ':');
@@ -304,14 +303,14 @@ async fn cgroup_limits_apply_or_are_reported() {
         let d = Daemon::start(Setup::default()).await;
         let (id, token) = d.claim().await;
         let m = marker(5);
-        let addr = d.addr;
+        let addr = d.addr();
         let body = json!({"argv": ["sleep", m.clone()], "timeout_seconds": 5}).to_string();
         let path = format!("/v1/sandboxes/{id}/exec");
         let running = tokio::spawn(async move {
-            common::call(addr, "POST", &path, Some(&token), Some(&body)).await
+            testkit::call(addr, "POST", &path, Some(&token), Some(&body)).await
         });
         wait_running(&m).await;
-        let pid = common::procs_with(&m)[0];
+        let pid = procs_with(&m)[0];
         let read = |ctl: &str, file: &str| {
             let group = cgroup_of(pid, ctl).expect("in a cgroup");
             assert!(group.starts_with("/sandboxd/"), "{ctl} group {group}");
@@ -366,25 +365,24 @@ async fn a_warm_sandbox_that_died_is_not_handed_out() {
         .await;
     // Kill the idle sandbox's outer bwrap (the daemon's child); --die-with-parent takes
     // the rest of it down.
-    let ours = d.dir.display().to_string();
-    let outer: Vec<i32> = common::procs_with(&ours)
-        .into_iter()
-        .filter(|pid| {
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let ppid = stat
-                .rsplit_once(") ")
-                .and_then(|(_, r)| r.split(' ').nth(1))
-                .and_then(|p| p.parse::<u32>().ok());
-            ppid == Some(std::process::id())
-        })
+    let ours = procs_with(&d.dir.display().to_string());
+    let outer: Vec<u32> = ours
+        .iter()
+        .copied()
+        .filter(|&pid| procs::stat(pid).is_some_and(|s| s.ppid == std::process::id()))
         .collect();
     assert_eq!(outer.len(), 1, "one idle sandbox: {outer:?}");
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(outer[0]),
+        nix::unistd::Pid::from_raw(outer[0] as i32),
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    wait_until(
+        Duration::from_secs(5),
+        "the idle sandbox dead",
+        async || testkit::wait::empty(ours.iter().copied().filter(|&p| procs::alive(p)).collect()),
+    )
+    .await;
     let (id, token) = d.claim().await;
     let r = d.exec(&id, &token, json!({"argv": ["true"]})).await;
     assert_eq!(r.status, 200, "{}", r.text());

@@ -7,53 +7,32 @@
 //! the guest image (`cargo xtask image`, run by `cargo xtask test`). Without either the
 //! tests FAIL and say how to get it; they never pass silently.
 
-mod common;
-
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::Bytes;
-use common::{call, procs_with, Daemon, ROOT};
 use futures::{SinkExt, StreamExt};
 use http_body_util::Empty;
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
+use testkit::procs::procs_with;
+use testkit::{wait_until, Daemon, DaemonProcess, ROOT};
 use tokio_util::codec::Framed;
 use wire::{HostCodec, Request, Response};
-
-fn image_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../target/images/base")
-        .canonicalize()
-        .unwrap_or_else(|_| {
-            panic!(
-                "guest image missing at target/images/base: run `cargo xtask image` \
-                 (cargo xtask test does it before the tests)"
-            )
-        })
-}
 
 /// VM tests run one at a time: each boots several TCG guests, and two cores shared by
 /// concurrent golden builds make every boot (and so every bound) slower.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
+/// Fails the test, naming what is missing, without QEMU or the guest image.
 fn require_qemu() {
     // `RUST_LOG=info cargo test ... -- --nocapture` shows the daemon's logs.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let ok = std::process::Command::new("qemu-system-x86_64")
-        .arg("--version")
-        .output()
-        .map(|o| o.status.success())
-        .unwrap_or(false);
-    assert!(
-        ok,
-        "qemu-system-x86_64 is not installed: run .ci/run, or add bookworm-backports to apt's \
-         sources and `apt-get install -t bookworm-backports qemu-system-x86`"
-    );
+    testkit::vm::require();
 }
 
 fn config(data: &Path, mem_dir: &Path, listen: &str, pools: &str) -> String {
@@ -80,7 +59,7 @@ memory_mib = 256
 "#,
         data = data.display(),
         mem = mem_dir.display(),
-        image = image_dir().display(),
+        image = testkit::vm::guest_image().display(),
     )
 }
 
@@ -105,28 +84,16 @@ impl Scratch {
         self.tmp.path().join("shm")
     }
 
-    /// sandboxd in this process, on a free port.
+    /// sandboxd in this process, on port 0.
     async fn daemon(&self, pools: &str) -> Daemon {
         let text = config(&self.data(), &self.mem_dir(), "127.0.0.1:0", pools);
         Daemon::start_text(&self.data(), &text).await
     }
 
-    /// The real sandboxd binary on a free port, for signal tests.
-    fn spawn(&self, pools: &str) -> (std::process::Child, std::net::SocketAddr) {
-        let port = {
-            let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            l.local_addr().unwrap().port()
-        };
-        let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let cfg = self.tmp.path().join(format!("sandboxd-{port}.toml"));
-        let text = config(&self.data(), &self.mem_dir(), &addr.to_string(), pools);
-        std::fs::write(&cfg, text).unwrap();
-        let child = std::process::Command::new(env!("CARGO_BIN_EXE_sandboxd"))
-            .arg("--config")
-            .arg(&cfg)
-            .spawn()
-            .unwrap();
-        (child, addr)
+    /// The real sandboxd binary on port 0, for signal tests.
+    async fn spawn(&self, pools: &str) -> DaemonProcess {
+        let text = config(&self.data(), &self.mem_dir(), "127.0.0.1:0", pools);
+        DaemonProcess::start(env!("CARGO_BIN_EXE_sandboxd"), self.tmp.path(), &text).await
     }
 }
 
@@ -134,26 +101,12 @@ fn pool(warm: u32) -> String {
     format!("[[pools]]\ntemplate = \"base\"\nsize = \"small\"\nwarm = {warm}\nwarm_max = 4\n")
 }
 
-/// Waits until a spawned daemon serves `warm` idle sandboxes.
-async fn wait_warm(addr: std::net::SocketAddr, warm: u64) {
-    let start = Instant::now();
-    loop {
-        if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            let info = call(addr, "GET", "/v1/info", Some(ROOT), None).await.json();
-            if info["pools"][0]["warm"] == warm {
-                return;
-            }
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "pool never warmed on {addr}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-fn signal(child: &std::process::Child, sig: nix::sys::signal::Signal) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), sig).unwrap();
+/// Waits until a daemon serves `warm` idle sandboxes.
+async fn wait_warm(d: &testkit::Api, warm: u64) {
+    d.wait_pool(Duration::from_secs(120), "the pool warm", |p| {
+        p["warm"] == warm
+    })
+    .await;
 }
 
 const MARKER_POOL: &str = r#"[[pools]]
@@ -196,7 +149,7 @@ async fn relay(
     id: &str,
     token: &str,
 ) -> Framed<TokioIo<hyper::upgrade::Upgraded>, HostCodec> {
-    let stream = tokio::net::TcpStream::connect(d.addr).await.unwrap();
+    let stream = tokio::net::TcpStream::connect(d.addr()).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .unwrap();
@@ -251,9 +204,10 @@ async fn golden_clones_identity_exec_relay_kill() {
     let before = host_now();
     let (ra, rb) = tokio::join!(exec(&d, &ida, &toka, &probe), exec(&d, &idb, &tokb, &probe));
     let after = host_now();
-    let manifest: Value =
-        serde_json::from_str(&std::fs::read_to_string(image_dir().join("manifest.json")).unwrap())
-            .unwrap();
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(testkit::vm::guest_image().join("manifest.json")).unwrap(),
+    )
+    .unwrap();
     let kernel = manifest["kernel"]["release"].as_str().unwrap();
     let mut hostnames = Vec::new();
     let mut uuids = Vec::new();
@@ -307,7 +261,7 @@ async fn golden_clones_identity_exec_relay_kill() {
         .await
         .json();
     let ours = {
-        let f = std::fs::read(image_dir().join("rootfs/bin/busybox")).unwrap();
+        let f = std::fs::read(testkit::vm::guest_image().join("rootfs/bin/busybox")).unwrap();
         base64_std(&f[..4096])
     };
     assert_eq!(bin["stdout_b64"].as_str().unwrap(), ours);
@@ -400,23 +354,14 @@ warm_max = 2
 no_balloon = true
 "#;
     let d = node.daemon(pools).await;
-    let start = Instant::now();
-    loop {
-        let info = d.info().await;
-        let ready = info["pools"]
+    d.wait_info(Duration::from_secs(120), "pools ready", |info| {
+        info["pools"]
             .as_array()
             .unwrap()
             .iter()
-            .all(|p| p["golden"]["state"] == "ready" && p["warm"] == 1);
-        if ready {
-            break;
-        }
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "pools not ready: {info}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            .all(|p| p["golden"]["state"] == "ready" && p["warm"] == 1)
+    })
+    .await;
     // virtio device id 5 is the balloon.
     let probe = ["sh", "-c", "cat /sys/bus/virtio/devices/*/device"];
     for (size, want) in [("small", true), ("tiny", false)] {
@@ -455,18 +400,15 @@ no_balloon = true
             let mut qmp = QmpClient::connect(&run.join("qmp.sock")).await;
             let fpr = qmp.qom_get("free-page-reporting").await;
             assert_eq!(fpr, json!(false));
-            let start = Instant::now();
-            loop {
+            wait_until(Duration::from_secs(20), "balloon stats", async || {
                 let stats = qmp.qom_get("guest-stats").await;
                 if stats["stats"]["stat-total-memory"].as_i64().unwrap_or(-1) > 0 {
-                    break;
+                    Ok(())
+                } else {
+                    Err(stats)
                 }
-                assert!(
-                    start.elapsed() < Duration::from_secs(20),
-                    "no balloon stats: {stats}"
-                );
-                tokio::time::sleep(Duration::from_millis(500)).await;
-            }
+            })
+            .await;
         }
     }
     d.stop().await;
@@ -541,26 +483,21 @@ async fn killed_qemu_fails_its_sandbox_and_the_pool_refills() {
     let qemu = procs_with(&format!("qemu/run/{guest_id}"));
     assert_eq!(qemu.len(), 1, "the sandbox's QEMU: {qemu:?}");
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(qemu[0]),
+        nix::unistd::Pid::from_raw(qemu[0] as i32),
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
     // Exec answers 502 with a clear message; the list shows the sandbox failed.
-    let start = Instant::now();
-    loop {
+    let msg = wait_until(Duration::from_secs(10), "exec answering 502", async || {
         let r = d.exec(&id, &tok, json!({ "argv": ["true"] })).await;
         if r.status == 502 {
-            let msg = r.json()["error"].as_str().unwrap().to_string();
-            assert!(msg.contains("QEMU exited"), "{msg}");
-            break;
+            Ok(r.json()["error"].as_str().unwrap().to_string())
+        } else {
+            Err(r.status)
         }
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "exec still {}",
-            r.status
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await;
+    assert!(msg.contains("QEMU exited"), "{msg}");
     let list = d
         .call("GET", "/v1/sandboxes", Some(ROOT), None)
         .await
@@ -601,13 +538,12 @@ async fn sigterm_leaves_no_qemu_running() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let node = Scratch::new();
     let data = node.data().to_string_lossy().into_owned();
-    let (mut child, addr) = node.spawn(&pool(2));
-    wait_warm(addr, 2).await;
-    let r = call(addr, "POST", "/v1/claim", Some(ROOT), Some("{}")).await;
+    let mut d = node.spawn(&pool(2)).await;
+    wait_warm(&d, 2).await;
+    let r = d.call("POST", "/v1/claim", Some(ROOT), Some("{}")).await;
     assert_eq!(r.status, 200);
     assert!(procs_with(&data).len() >= 2, "QEMUs should run");
-    signal(&child, nix::sys::signal::Signal::SIGTERM);
-    let status = child.wait().unwrap();
+    let status = d.process().terminate(Duration::from_secs(60));
     assert!(status.success(), "sandboxd exit: {status}");
     let left = procs_with(&data);
     assert!(left.is_empty(), "QEMU left running after SIGTERM: {left:?}");
@@ -619,27 +555,26 @@ async fn restart_after_sigkill_cleans_leftover_qemus() {
     let _serial = ONE_AT_A_TIME.lock().await;
     let node = Scratch::new();
     let run_root = node.data().join("qemu/run").to_string_lossy().into_owned();
-    let (mut first, addr) = node.spawn(&pool(1));
-    wait_warm(addr, 1).await;
+    let mut first = node.spawn(&pool(1)).await;
+    wait_warm(&first, 1).await;
     let old = procs_with(&run_root);
     assert_eq!(old.len(), 1, "one warm QEMU: {old:?}");
     // A crash: the daemon dies at once and its QEMU stays behind.
-    first.kill().unwrap();
-    first.wait().unwrap();
+    first.process().kill();
     assert_eq!(
         procs_with(&run_root),
         old,
         "the QEMU should outlive a SIGKILLed daemon"
     );
-    let (mut second, addr) = node.spawn(&pool(1));
-    wait_warm(addr, 1).await;
+    let mut second = node.spawn(&pool(1)).await;
+    wait_warm(&second, 1).await;
     let now = procs_with(&run_root);
     assert!(
         old.iter().all(|p| !now.contains(p)),
         "leftover {old:?} still runs: {now:?}"
     );
-    signal(&second, nix::sys::signal::Signal::SIGTERM);
-    assert!(second.wait().unwrap().success());
+    let status = second.process().terminate(Duration::from_secs(60));
+    assert!(status.success(), "sandboxd exit: {status}");
     let left = procs_with(&node.data().to_string_lossy());
     assert!(left.is_empty(), "QEMU left running: {left:?}");
 }
