@@ -1,15 +1,14 @@
 //! Exec through a real silkd over a real Unix socket: output, exit codes, signals,
 //! stdin, exact bytes, environment, spawn errors, timeouts, concurrency.
 
-mod common;
-
-use common::{exec_req, Silkd};
 use sha2::{Digest, Sha256};
+use testkit::procs::wait_group_gone;
+use testkit::silkd::{exec_req, Silkd};
 use wire::{ErrorKind, Request, Response};
 
 #[tokio::test]
 async fn echo_and_exit_codes() {
-    let silkd = Silkd::start();
+    let silkd = Silkd::start(env!("CARGO_BIN_EXE_silkd")).await;
     let mut c = silkd.connect().await;
     let out = c.run(&["echo", "hello", "world"]).await;
     assert_eq!(out.stdout, b"hello world\n");
@@ -25,7 +24,7 @@ async fn echo_and_exit_codes() {
 
 #[tokio::test]
 async fn exit_by_signal() {
-    let silkd = Silkd::start();
+    let silkd = Silkd::start(env!("CARGO_BIN_EXE_silkd")).await;
     let mut c = silkd.connect().await;
     let out = c.run(&["sh", "-c", "kill -TERM $$"]).await;
     assert_eq!((out.code, out.signal), (None, Some(15)));
@@ -33,7 +32,7 @@ async fn exit_by_signal() {
 
 #[tokio::test]
 async fn stdin_round_trip_with_eof() {
-    let silkd = Silkd::start();
+    let silkd = Silkd::start(env!("CARGO_BIN_EXE_silkd")).await;
     let mut c = silkd.connect().await;
     c.send(Request::Exec {
         argv: vec!["cat".into()],
@@ -59,7 +58,7 @@ async fn stdin_round_trip_with_eof() {
 
 #[tokio::test]
 async fn stdin_is_dev_null_by_default() {
-    let silkd = Silkd::start();
+    let silkd = Silkd::start(env!("CARGO_BIN_EXE_silkd")).await;
     let mut c = silkd.connect().await;
     let out = c.run(&["cat"]).await;
     assert_eq!((out.code, out.stdout.len()), (Some(0), 0));
@@ -67,7 +66,7 @@ async fn stdin_is_dev_null_by_default() {
 
 #[tokio::test]
 async fn exact_binary_output() {
-    let silkd = Silkd::start();
+    let silkd = Silkd::start(env!("CARGO_BIN_EXE_silkd")).await;
     let mut c = silkd.connect().await;
     let out = c
         .run(&[
@@ -85,7 +84,7 @@ async fn exact_binary_output() {
 
 #[tokio::test]
 async fn environment_is_cleared_and_cwd_applies() {
-    let silkd = Silkd::start();
+    let silkd = Silkd::start(env!("CARGO_BIN_EXE_silkd")).await;
     let mut c = silkd.connect().await;
     let out = c
         .exec(Request::Exec {
@@ -111,7 +110,7 @@ async fn environment_is_cleared_and_cwd_applies() {
 
 #[tokio::test]
 async fn spawn_errors_are_typed_and_name_the_path() {
-    let silkd = Silkd::start();
+    let silkd = Silkd::start(env!("CARGO_BIN_EXE_silkd")).await;
     let mut c = silkd.connect().await;
     let dir = tempfile::tempdir().unwrap();
     let not_exec = dir.path().join("script");
@@ -165,7 +164,7 @@ async fn spawn_errors_are_typed_and_name_the_path() {
 
 #[tokio::test]
 async fn timeout_kills_the_group() {
-    let silkd = Silkd::start();
+    let silkd = Silkd::start(env!("CARGO_BIN_EXE_silkd")).await;
     let mut c = silkd.connect().await;
     let out = c
         .exec(Request::Exec {
@@ -182,13 +181,12 @@ async fn timeout_kills_the_group() {
         .await;
     assert!(out.timed_out);
     assert_eq!(out.signal, Some(9));
-    let left = common::wait_group_gone(out.pid, std::time::Duration::from_secs(5)).await;
-    assert!(left.is_empty(), "left running: {left:?}");
+    wait_group_gone(out.pid, std::time::Duration::from_secs(5)).await;
 }
 
 #[tokio::test]
 async fn hundred_concurrent_execs_on_hundred_connections() {
-    let silkd = Silkd::start();
+    let silkd = Silkd::start(env!("CARGO_BIN_EXE_silkd")).await;
     let mut tasks = Vec::new();
     for i in 0..100 {
         let mut c = silkd.connect().await;
@@ -208,7 +206,7 @@ async fn hundred_concurrent_execs_on_hundred_connections() {
 
 #[tokio::test]
 async fn ps_lists_live_and_recent() {
-    let silkd = Silkd::start();
+    let silkd = Silkd::start(env!("CARGO_BIN_EXE_silkd")).await;
     let mut c = silkd.connect().await;
     let done = c.run(&["true"]).await;
     let mut bg = silkd.connect().await;

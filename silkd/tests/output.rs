@@ -1,18 +1,18 @@
 //! Backpressure: 200 MiB through a deliberately slow reader keeps silkd small and
 //! loses nothing.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{exec_req, Silkd};
+use testkit::procs;
+use testkit::silkd::{exec_req, Silkd};
+use testkit::wait_until;
 use wire::Response;
 
 const TOTAL: u64 = 200 * 1024 * 1024;
 
 #[tokio::test]
 async fn two_hundred_mib_through_a_slow_reader() {
-    let silkd = Silkd::start();
+    let silkd = Silkd::start(env!("CARGO_BIN_EXE_silkd")).await;
     let mut c = silkd.connect().await;
     let idle = silkd.rss_kib();
     c.send(exec_req(&["head", "-c", &TOTAL.to_string(), "/dev/zero"]))
@@ -49,25 +49,41 @@ async fn two_hundred_mib_through_a_slow_reader() {
 
 #[tokio::test]
 async fn a_stalled_reader_stalls_the_child_not_silkd() {
-    let silkd = Silkd::start();
+    let silkd = Silkd::start(env!("CARGO_BIN_EXE_silkd")).await;
     let mut c = silkd.connect().await;
     c.send(exec_req(&["head", "-c", &TOTAL.to_string(), "/dev/zero"]))
         .await;
     let pid = c.started().await;
-    // Read nothing for a while: the child must block on its pipe.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    // Read nothing: the child must end up blocked on its pipe, writing nothing more, which
+    // it can only be once silkd stops reading. "Nothing more" means an unchanged byte
+    // count over STALLED consecutive looks (a silkd that kept reading would move
+    // megabytes between two of them).
+    const STALLED: u32 = 20;
+    let (mut last, mut same) = (None, 0);
+    wait_until(
+        Duration::from_secs(20),
+        "the child blocked on its pipe",
+        async || {
+            let (state, written) = (procs::stat(pid).map(|s| s.state), procs::written_bytes(pid));
+            same = if state == Some('S') && written == last {
+                same + 1
+            } else {
+                0
+            };
+            last = written;
+            if same >= STALLED {
+                Ok(())
+            } else {
+                Err((state, written))
+            }
+        },
+    )
+    .await;
     let rss = silkd.rss_kib();
     assert!(
         rss < 16 * 1024,
         "silkd RSS {rss} KiB while the reader stalls"
     );
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("child alive");
-    let state = stat
-        .rsplit_once(')')
-        .unwrap()
-        .1
-        .split_whitespace()
-        .next()
-        .unwrap();
-    assert_eq!(state, "S", "child should be blocked writing, is {state}");
+    let state = procs::stat(pid).expect("child alive").state;
+    assert_eq!(state, 'S', "child should be blocked writing, is {state}");
 }
