@@ -1,28 +1,26 @@
 //! The `sbx` binary against a real sandboxd: exit codes, stdin forwarding, release on
 //! success, failure and Ctrl-C, one-line errors, the config file.
 
-#[path = "../../sdk-rust/tests/harness/mod.rs"]
-mod harness;
-
 use std::process::Output;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use harness::{bounded, running, Daemon, Limits};
 use sandbox_sdk::ClaimOptions;
+use testkit::sdk::{assert_nothing_runs, running};
+use testkit::{bounded, wait_until, DaemonProcess, Setup, ROOT, TENANT_A};
 use tokio::io::AsyncWriteExt;
 use tokio::process::Command;
 
 /// `sbx` with this daemon's URL and root token in its environment.
-fn sbx_command(d: &Daemon) -> std::process::Command {
+fn sbx_command(d: &DaemonProcess) -> std::process::Command {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_sbx"));
-    cmd.env("SANDBOXD_URL", &d.url)
-        .env("SANDBOXD_TOKEN", harness::ROOT)
+    cmd.env("SANDBOXD_URL", d.url())
+        .env("SANDBOXD_TOKEN", ROOT)
         .stdin(std::process::Stdio::null());
     cmd
 }
 
 /// Runs an `sbx` command line to completion.
-async fn sbx(d: &Daemon, args: &[&str]) -> Output {
+async fn sbx(d: &DaemonProcess, args: &[&str]) -> Output {
     let mut cmd = Command::from(sbx_command(d));
     cmd.args(args).kill_on_drop(true);
     cmd.output().await.expect("running sbx")
@@ -34,7 +32,7 @@ fn stderr(out: &Output) -> String {
 
 #[tokio::test]
 async fn exec_streams_and_propagates_exit_codes() {
-    let d = Daemon::start();
+    let d = testkit::sdk::start(Setup::sdk()).await;
     bounded(async {
         let sandbox = d.root().claim(ClaimOptions::new()).await.unwrap();
         let id = sandbox.id();
@@ -118,7 +116,7 @@ async fn exec_streams_and_propagates_exit_codes() {
         let status = child.wait().await.unwrap();
         assert_eq!(status.code(), Some(128 + libc::SIGPIPE));
 
-        harness::assert_nothing_runs(&sandbox).await;
+        assert_nothing_runs(&sandbox).await;
         sandbox.release().await.unwrap();
     })
     .await
@@ -126,7 +124,7 @@ async fn exec_streams_and_propagates_exit_codes() {
 
 #[tokio::test]
 async fn run_releases_on_success_and_on_failure() {
-    let d = Daemon::start();
+    let d = testkit::sdk::start(Setup::sdk()).await;
     bounded(async {
         let out = sbx(&d, &["run", "--", "echo", "hello"]).await;
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -169,7 +167,7 @@ async fn run_releases_on_success_and_on_failure() {
 
 #[tokio::test]
 async fn run_releases_on_interrupt() {
-    let d = Daemon::start();
+    let d = testkit::sdk::start(Setup::sdk()).await;
     bounded(async {
         let mut child = Command::from(sbx_command(&d))
             .args(["run", "--", "sleep", "600"])
@@ -177,19 +175,15 @@ async fn run_releases_on_interrupt() {
             .spawn()
             .unwrap();
         // Wait until the command runs in a claimed sandbox.
-        let start = Instant::now();
-        loop {
-            if let Some(s) = d.root().list().await.unwrap().first() {
-                if !running(&d.root().sandbox(&s.id)).await.is_empty() {
-                    break;
-                }
-            }
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "sbx run never ran sleep"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        wait_until(
+            Duration::from_secs(10),
+            "sbx run running sleep",
+            async || match d.root().list().await.unwrap().first() {
+                Some(s) => !running(&d.root().sandbox(&s.id)).await.is_empty(),
+                None => false,
+            },
+        )
+        .await;
         // SAFETY: signalling our own child, not yet reaped.
         unsafe { libc::kill(child.id().unwrap() as libc::pid_t, libc::SIGINT) };
         let status = child.wait().await.unwrap();
@@ -201,7 +195,7 @@ async fn run_releases_on_interrupt() {
 
 #[tokio::test]
 async fn claim_ls_info_release() {
-    let d = Daemon::start();
+    let d = testkit::sdk::start(Setup::sdk()).await;
     bounded(async {
         let out = sbx(&d, &["claim", "--ttl", "90", "--json"]).await;
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
@@ -242,10 +236,11 @@ async fn claim_ls_info_release() {
 
 #[tokio::test]
 async fn errors_are_one_line() {
-    let d = Daemon::start_with(Limits {
-        tenant_max_claims: 0,
-        ..Limits::default()
-    });
+    let d = testkit::sdk::start(Setup {
+        tenant_a_max_claims: 0,
+        ..Setup::sdk()
+    })
+    .await;
     bounded(async {
         let out = sbx(&d, &["--token", "not-a-token-anyone-issued", "ls"]).await;
         assert_eq!(out.status.code(), Some(1));
@@ -254,7 +249,7 @@ async fn errors_are_one_line() {
             "sbx: unauthorized: missing or unknown token\n"
         );
 
-        let out = sbx(&d, &["--token", harness::TENANT, "claim"]).await;
+        let out = sbx(&d, &["--token", TENANT_A, "claim"]).await;
         assert_eq!(out.status.code(), Some(1));
         assert!(
             stderr(&out).starts_with("sbx: limit reached: "),
@@ -282,7 +277,7 @@ async fn errors_are_one_line() {
 
 #[tokio::test]
 async fn url_and_token_fall_back_to_the_config_file() {
-    let d = Daemon::start();
+    let d = testkit::sdk::start(Setup::sdk()).await;
     let config_home = tempfile::tempdir().unwrap();
     let file = config_home.path().join("sbx/config.toml");
     std::fs::create_dir_all(file.parent().unwrap()).unwrap();
@@ -297,11 +292,7 @@ async fn url_and_token_fall_back_to_the_config_file() {
         cmd
     };
     bounded(async {
-        std::fs::write(
-            &file,
-            format!("url = {:?}\ntoken = {:?}\n", d.url, harness::ROOT),
-        )
-        .unwrap();
+        std::fs::write(&file, format!("url = {:?}\ntoken = {:?}\n", d.url(), ROOT)).unwrap();
         let out = bare(&["run", "--", "echo", "hello"])
             .output()
             .await
@@ -341,8 +332,8 @@ async fn url_and_token_fall_back_to_the_config_file() {
         // With both given the file is not read at all, not even when it is broken.
         std::fs::write(&file, "url = [\n").unwrap();
         let out = bare(&["ls"])
-            .env("SANDBOXD_URL", &d.url)
-            .env("SANDBOXD_TOKEN", harness::ROOT)
+            .env("SANDBOXD_URL", d.url())
+            .env("SANDBOXD_TOKEN", ROOT)
             .output()
             .await
             .unwrap();

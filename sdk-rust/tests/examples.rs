@@ -1,9 +1,7 @@
 //! The examples against a real sandboxd: each runs, leaves nothing behind, and the
 //! quickstart is the one the docs show.
 
-mod harness;
-
-use harness::{bounded, Daemon};
+use testkit::{bins, bounded, Setup, ROOT};
 use tokio::process::Command;
 
 fn stderr(out: &std::process::Output) -> String {
@@ -12,7 +10,7 @@ fn stderr(out: &std::process::Output) -> String {
 
 #[tokio::test]
 async fn quickstart_example_runs_and_matches_the_docs() {
-    let example = harness::example("quickstart");
+    let example = bins::example("quickstart");
     let source = include_str!("../examples/quickstart.rs");
     for (name, docs) in [
         ("docs/sdk.md", include_str!("../../docs/sdk.md")),
@@ -24,11 +22,11 @@ async fn quickstart_example_runs_and_matches_the_docs() {
         );
     }
 
-    let d = Daemon::start();
+    let d = testkit::sdk::start(Setup::sdk()).await;
     bounded(async {
         let out = Command::new(example)
-            .env("SANDBOXD_URL", &d.url)
-            .env("SANDBOXD_TOKEN", harness::ROOT)
+            .env("SANDBOXD_URL", d.url())
+            .env("SANDBOXD_TOKEN", ROOT)
             .output()
             .await
             .unwrap();
@@ -47,12 +45,12 @@ async fn quickstart_example_runs_and_matches_the_docs() {
 
 #[tokio::test]
 async fn stream_example_gives_up_and_leaves_nothing() {
-    let example = harness::example("stream");
-    let d = Daemon::start();
+    let example = bins::example("stream");
+    let d = testkit::sdk::start(Setup::sdk()).await;
     bounded(async {
         let out = Command::new(example)
-            .env("SANDBOXD_URL", &d.url)
-            .env("SANDBOXD_TOKEN", harness::ROOT)
+            .env("SANDBOXD_URL", d.url())
+            .env("SANDBOXD_TOKEN", ROOT)
             .output()
             .await
             .unwrap();

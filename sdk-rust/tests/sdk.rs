@@ -2,13 +2,12 @@
 //! bytes through exec and spawn, stdin, kill on drop and on wait timeout, and the error
 //! variant for each status.
 
-mod harness;
-
 use std::time::Duration;
 
 use futures::StreamExt;
-use harness::{assert_nothing_runs, bounded, running, Daemon, Limits, TENANT};
 use sandbox_sdk::{ClaimOptions, Command, Error, Event, ExitStatus};
+use testkit::sdk::{assert_nothing_runs, running};
+use testkit::{bounded, wait_until, Setup, TENANT_A};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Bytes 0..=255 repeated: every byte value, most of them not UTF-8 in context.
@@ -18,7 +17,7 @@ fn all_bytes(len: usize) -> Vec<u8> {
 
 #[tokio::test]
 async fn claim_exec_release() {
-    let d = Daemon::start();
+    let d = testkit::sdk::start(Setup::sdk()).await;
     bounded(async {
         let client = d.root();
         let sandbox = client.claim(ClaimOptions::new()).await.unwrap();
@@ -61,7 +60,7 @@ async fn claim_exec_release() {
 
 #[tokio::test]
 async fn renew_moves_the_deadline() {
-    let d = Daemon::start();
+    let d = testkit::sdk::start(Setup::sdk()).await;
     bounded(async {
         let mut sandbox = d
             .root()
@@ -85,7 +84,7 @@ async fn renew_moves_the_deadline() {
 
 #[tokio::test]
 async fn exact_binary_output_through_exec_and_spawn() {
-    let d = Daemon::start();
+    let d = testkit::sdk::start(Setup::sdk()).await;
     bounded(async {
         let sandbox = d.root().claim(ClaimOptions::new()).await.unwrap();
         // The `host` template's root is the host's own tree.
@@ -124,7 +123,7 @@ async fn exact_binary_output_through_exec_and_spawn() {
 
 #[tokio::test]
 async fn stdin_round_trip_with_eof() {
-    let d = Daemon::start();
+    let d = testkit::sdk::start(Setup::sdk()).await;
     bounded(async {
         let sandbox = d.root().claim(ClaimOptions::new()).await.unwrap();
         let data = all_bytes(300 * 1024);
@@ -186,7 +185,7 @@ async fn stdin_round_trip_with_eof() {
 
 #[tokio::test]
 async fn output_streams_and_events() {
-    let d = Daemon::start();
+    let d = testkit::sdk::start(Setup::sdk()).await;
     bounded(async {
         let sandbox = d.root().claim(ClaimOptions::new()).await.unwrap();
         let mut p = sandbox
@@ -211,7 +210,7 @@ async fn output_streams_and_events() {
 
 #[tokio::test]
 async fn dropping_a_running_process_kills_it() {
-    let d = Daemon::start();
+    let d = testkit::sdk::start(Setup::sdk()).await;
     bounded(async {
         let sandbox = d.root().claim(ClaimOptions::new()).await.unwrap();
         let tree = Command::new("sh").args(["-c", "sleep 600 & sleep 600 & wait"]);
@@ -247,7 +246,7 @@ async fn dropping_a_running_process_kills_it() {
 
 #[tokio::test]
 async fn wait_timeout_kills_and_kill_signals() {
-    let d = Daemon::start();
+    let d = testkit::sdk::start(Setup::sdk()).await;
     bounded(async {
         let sandbox = d.root().claim(ClaimOptions::new()).await.unwrap();
         let mut p = sandbox
@@ -293,7 +292,7 @@ async fn wait_timeout_kills_and_kill_signals() {
 
 #[tokio::test]
 async fn spawn_failures_are_typed() {
-    let d = Daemon::start();
+    let d = testkit::sdk::start(Setup::sdk()).await;
     bounded(async {
         let sandbox = d.root().claim(ClaimOptions::new()).await.unwrap();
         let missing = sandbox.spawn(&Command::new("/nonexistent")).await;
@@ -317,12 +316,13 @@ async fn spawn_failures_are_typed() {
 
 #[tokio::test]
 async fn error_variants_per_status() {
-    let d = Daemon::start_with(Limits {
+    let d = testkit::sdk::start(Setup {
         max_claims: 2,
         max_output_bytes: 1000,
         max_in_flight: 1,
-        ..Limits::default()
-    });
+        ..Setup::sdk()
+    })
+    .await;
     bounded(async {
         let root = d.root();
         // 401: no token, unknown token.
@@ -333,7 +333,7 @@ async fn error_variants_per_status() {
         let stranger = d.client().with_token("not-a-token-anyone-issued");
         assert!(matches!(stranger.list().await, Err(Error::Unauthorized)));
         // 403: a tenant on a root-only route.
-        let tenant = d.client().with_token(TENANT);
+        let tenant = d.client().with_token(TENANT_A);
         assert!(matches!(tenant.info().await, Err(Error::Forbidden(_))));
         // 400: unknown template.
         let bad = root.claim(ClaimOptions::new().template("nope")).await;
@@ -386,14 +386,10 @@ async fn error_variants_per_status() {
         let holder =
             tokio::spawn(async move { busy_sandbox.exec(&Command::new("sleep").arg("1")).await });
         // Wait until the holder's command runs: its exec holds the only slot.
-        let start = std::time::Instant::now();
-        while running(&sandbox).await.is_empty() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "holder never ran"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        wait_until(Duration::from_secs(10), "the holder running", async || {
+            !running(&sandbox).await.is_empty()
+        })
+        .await;
         let no_retry = d
             .root()
             .with_busy_retries(0)
@@ -422,9 +418,9 @@ async fn error_variants_per_status() {
 
 #[tokio::test]
 async fn works_over_tcp_too() {
-    let d = Daemon::start_tcp();
+    let d = testkit::sdk::start_tcp(Setup::sdk()).await;
     bounded(async {
-        assert!(d.url.starts_with("http://127.0.0.1:"));
+        assert!(d.url().starts_with("http://127.0.0.1:"));
         d.client().health().await.unwrap();
         let sandbox = d.root().claim(ClaimOptions::new()).await.unwrap();
         let out = sandbox

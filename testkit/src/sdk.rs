@@ -2,8 +2,6 @@
 //! limits, clients for it, and what runs in a sandbox, asked with a wire `Ps` through the
 //! SDK's relay.
 
-use std::ffi::OsStr;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use sandbox_sdk::{Client, ProcState, Sandbox};
@@ -37,16 +35,6 @@ impl DaemonProcess {
     /// A client with the root token.
     pub fn root(&self) -> Client {
         self.client().with_token(ROOT)
-    }
-
-    /// `sbx` (the binary at `sbx`) with this daemon's URL and the root token in its
-    /// environment.
-    pub fn sbx(&self, sbx: impl AsRef<OsStr>) -> Command {
-        let mut cmd = Command::new(sbx);
-        cmd.env("SANDBOXD_URL", self.url())
-            .env("SANDBOXD_TOKEN", ROOT)
-            .stdin(Stdio::null());
-        cmd
     }
 }
 
