@@ -1,5 +1,5 @@
 //! Buffered exec against a real sandboxd, real silkd and real bubblewrap: exact bytes,
-//! encodings, every status of DESIGN section 5, and that no give-up leaves a process.
+//! encodings, every status `docs/api.md` lists for the route, and that no give-up leaves a process.
 
 use std::time::{Duration, Instant};
 
