@@ -17,6 +17,7 @@
 
 pub mod cgroup;
 pub mod fate;
+pub mod identity;
 pub mod process;
 pub mod qemu;
 
