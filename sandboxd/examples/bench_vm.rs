@@ -92,8 +92,15 @@ async fn bench() -> Result<(), BoxError> {
         accel: AccelChoice::Auto,
         machine: QemuMachine::Microvm,
         memory_dir: tmp.path().join("shm"),
+        ..QemuConfig::default()
     };
-    let engine = QemuEngine::new(&cfg, &data, Duration::from_secs(60), Some(image.clone()))?;
+    let engine = QemuEngine::new(
+        &cfg,
+        &data,
+        Path::new("/sys/fs/cgroup"),
+        Duration::from_secs(60),
+        Some(image.clone()),
+    )?;
     let golden = spec(&image, data.join("golden-a"));
     let cold = spec(&image, data.join("golden-none"));
 

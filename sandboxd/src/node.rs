@@ -67,6 +67,7 @@ impl Node {
             EngineKind::Qemu => Arc::new(QemuEngine::new(
                 &config.qemu,
                 data_dir,
+                &config.process.cgroup_root,
                 Duration::from_secs(config.boot_timeout_seconds),
                 config.templates.values().find_map(|t| t.image.clone()),
             )?),

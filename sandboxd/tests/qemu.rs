@@ -134,10 +134,13 @@ fn sha256_file(p: &Path) -> String {
     hex::encode(Sha256::digest(std::fs::read(p).unwrap()))
 }
 
+/// Golden memory files, in the daemon's private directory under `memory_dir`.
 fn golden_memory_files(mem_dir: &Path) -> Vec<PathBuf> {
     std::fs::read_dir(mem_dir)
         .unwrap()
         .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("sandboxd-"))
+        .flat_map(|d| std::fs::read_dir(d.path()).unwrap().flatten())
         .map(|e| e.path())
         .filter(|p| p.to_string_lossy().ends_with(".mem"))
         .collect()

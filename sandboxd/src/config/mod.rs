@@ -257,9 +257,18 @@ pub struct QemuConfig {
     /// `microvm` (fastest) or `q35`.
     #[serde(default = "qemu_machine")]
     pub machine: QemuMachine,
-    /// Directory (tmpfs) for golden guest RAM files.
+    /// Directory (tmpfs) under which this daemon keeps its private (0700) directory of
+    /// golden guest RAM files.
     #[serde(default = "memory_dir")]
     pub memory_dir: PathBuf,
+    /// When sandboxd is root: QEMUs run as uids `uid_base + 1 .. uid_base + uid_count`
+    /// (one each, gid = uid), and `uid_base` is the group that may read golden files.
+    /// Apart from the process engine's range, and owning nothing on the host.
+    #[serde(default = "qemu_uid_base")]
+    pub uid_base: u32,
+    /// Size of that range (so at most `uid_count - 1` QEMUs at once).
+    #[serde(default = "qemu_uid_count")]
+    pub uid_count: u32,
 }
 
 impl Default for QemuConfig {
@@ -269,6 +278,8 @@ impl Default for QemuConfig {
             accel: AccelChoice::default(),
             machine: qemu_machine(),
             memory_dir: memory_dir(),
+            uid_base: qemu_uid_base(),
+            uid_count: qemu_uid_count(),
         }
     }
 }
@@ -304,6 +315,12 @@ fn qemu_machine() -> QemuMachine {
 }
 fn memory_dir() -> PathBuf {
     PathBuf::from("/dev/shm")
+}
+fn qemu_uid_base() -> u32 {
+    2_100_000_000
+}
+fn qemu_uid_count() -> u32 {
+    65_536
 }
 
 /// Where the daemon listens.

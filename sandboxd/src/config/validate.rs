@@ -94,6 +94,14 @@ impl Config {
                 }
             }
         }
+        let q = &self.qemu;
+        if q.uid_count < 2 || q.uid_base == 0 || q.uid_base.checked_add(q.uid_count).is_none() {
+            return bad(format!(
+                "[qemu] uid_base {} / uid_count {}: need a non-root base and at least 2 ids \
+                 that fit in 32 bits",
+                q.uid_base, q.uid_count
+            ));
+        }
         for (name, s) in &self.sizes {
             if s.cpus == 0 || s.memory_mib == 0 || s.max_pids == 0 {
                 return bad(format!(

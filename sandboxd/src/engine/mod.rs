@@ -102,9 +102,31 @@ pub trait Engine: Send + Sync + 'static {
 }
 
 /// The last `max` bytes of a log file, trimmed, lossily decoded, newlines shown as ` | `:
-/// for error messages about a guest that died. Empty when the file cannot be read.
+/// for error messages about a guest that died. Empty when the file cannot be read. Reads
+/// only those bytes (a seek from the end), however large the file has grown.
 pub fn log_tail(path: &Path, max: usize) -> String {
-    let text = std::fs::read(path).unwrap_or_default();
-    let tail = String::from_utf8_lossy(&text[text.len().saturating_sub(max)..]).into_owned();
-    tail.trim().replace('\n', " | ")
+    use std::io::{Read, Seek, SeekFrom};
+    let mut tail = Vec::new();
+    if let Ok(mut f) = std::fs::File::open(path) {
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let from = len.saturating_sub(max as u64);
+        if f.seek(SeekFrom::Start(from)).is_ok() {
+            let _ = f.take(max as u64).read_to_end(&mut tail);
+        }
+    }
+    String::from_utf8_lossy(&tail).trim().replace('\n', " | ")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn log_tail_reads_only_the_end() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = tmp.path().join("log");
+        let mut text = "x".repeat(1 << 20);
+        text.push_str("\nlast line\n");
+        std::fs::write(&p, text).unwrap();
+        assert_eq!(super::log_tail(&p, 12), "x | last line");
+        assert_eq!(super::log_tail(&tmp.path().join("none"), 12), "");
+    }
 }

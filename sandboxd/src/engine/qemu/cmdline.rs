@@ -26,16 +26,42 @@ impl Accel {
 }
 
 /// How guest RAM is backed.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Memory {
     /// Anonymous RAM (a cold boot that will not be snapshotted).
     Anonymous,
-    /// The golden: a shared file other guests will map.
-    GoldenShared(PathBuf),
-    /// A clone: the golden's file mapped private and read-only (writes are copy-on-write
-    /// pages of this process; QEMU refuses to discard, so the file is never touched).
-    ClonePrivate(PathBuf),
+    /// The golden: a shared file (inherited as [`MEMORY_FD`]) other guests will map.
+    GoldenShared,
+    /// A clone: the golden's file (inherited as [`MEMORY_FD`]) mapped private and
+    /// read-only (writes are copy-on-write pages of this process; QEMU refuses to
+    /// discard, so the file is never touched).
+    ClonePrivate,
 }
+
+/// The fds a QEMU inherits: it opens nothing of sandboxd's by path. Its sockets are bound
+/// by sandboxd in the VM's private run dir, its files opened by sandboxd; QEMU reopens the
+/// files through `/proc/self/fd/N`, which checks only the file's own owner and mode.
+pub const QMP_FD: i32 = 3;
+/// The listening socket of the `silkd` virtio-serial port.
+pub const CHANNEL_FD: i32 = 4;
+/// One end of a socket pair whose other end sandboxd drains into the console ring.
+pub const CONSOLE_FD: i32 = 5;
+/// The kernel image.
+pub const KERNEL_FD: i32 = 6;
+/// The initramfs.
+pub const INITRD_FD: i32 = 7;
+/// The golden's memory file (golden and clones).
+pub const MEMORY_FD: i32 = 8;
+/// The golden's migration state (written by the golden, read by clones).
+pub const STATE_FD: i32 = 9;
+
+/// QEMU's own syscall filter: no obsolete calls, no set*uid (it never needs to gain or
+/// change privileges), no fork/exec, no scheduler or affinity changes.
+pub const SANDBOX: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
+
+/// TCG's translation cache in MiB. QEMU sizes it at up to 1 GiB by default, and a guest
+/// running lots of code fills it; a fixed size keeps QEMU within its cgroup's margin.
+pub const TCG_TB_MIB: u64 = 64;
 
 /// Everything that varies between guests.
 #[derive(Debug, Clone)]
@@ -50,9 +76,8 @@ pub struct Launch<'a> {
     pub memory_mib: u64,
     /// RAM backing.
     pub memory: Memory,
-    /// Image directory holding `vmlinuz` and `initramfs.cpio.gz`.
-    pub image: &'a Path,
-    /// Directory for this guest's sockets and console log.
+    /// This guest's run dir, put in `-name` so a QEMU left by a crashed daemon can be
+    /// found by its command line.
     pub run_dir: &'a Path,
     /// Host TSC in kHz (TCG early-boot hang guard).
     pub tsc_khz: u64,
@@ -72,9 +97,14 @@ pub fn qmp_socket(run_dir: &Path) -> PathBuf {
     run_dir.join("qmp.sock")
 }
 
-/// The guest console log inside a run dir.
-pub fn console_log(run_dir: &Path) -> PathBuf {
-    run_dir.join("console.log")
+/// The migration URI of the golden's state, for `migrate` (golden) and
+/// `migrate-incoming` (clones).
+pub fn state_uri() -> String {
+    format!("file:{}", fd_path(STATE_FD))
+}
+
+fn fd_path(fd: i32) -> String {
+    format!("/proc/self/fd/{fd}")
 }
 
 /// Kernel command line: quiet, fast under TCG, silkd serving the `silkd` port as init.
@@ -90,9 +120,13 @@ pub fn kernel_cmdline(tsc_khz: u64) -> String {
 pub fn args(l: &Launch<'_>) -> Vec<OsString> {
     let mut a: Vec<String> = Vec::new();
     let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
-    push(&["-accel", l.accel.name()]);
-    if l.accel == Accel::Kvm {
-        push(&["-cpu", "host"]);
+    push(&["-sandbox", SANDBOX]);
+    // QEMU option values escape a comma by doubling it.
+    let name = l.run_dir.to_string_lossy().replace(',', ",,");
+    push(&["-name", &format!("guest={name}")]);
+    match l.accel {
+        Accel::Kvm => push(&["-accel", "kvm", "-cpu", "host"]),
+        Accel::Tcg => push(&["-accel", &format!("tcg,tb-size={TCG_TB_MIB}")]),
     }
     let (serial_dev, balloon_dev) = match l.machine {
         Machine::Microvm => ("virtio-serial-device", "virtio-balloon-device"),
@@ -111,17 +145,16 @@ pub fn args(l: &Launch<'_>) -> Vec<OsString> {
         "none",
         "-no-reboot",
     ]);
-    let console = format!("file,id=con,path={}", console_log(l.run_dir).display());
+    let console = format!("socket,id=con,fd={CONSOLE_FD}");
     push(&["-chardev", &console, "-serial", "chardev:con"]);
-    let backend = match &l.memory {
+    let mem_path = fd_path(MEMORY_FD);
+    let backend = match l.memory {
         Memory::Anonymous => None,
-        Memory::GoldenShared(p) => Some(format!(
-            "memory-backend-file,id=mem,size={mem},mem-path={},share=on",
-            p.display()
+        Memory::GoldenShared => Some(format!(
+            "memory-backend-file,id=mem,size={mem},mem-path={mem_path},share=on"
         )),
-        Memory::ClonePrivate(p) => Some(format!(
-            "memory-backend-file,id=mem,size={mem},mem-path={},share=off,readonly=on,rom=off",
-            p.display()
+        Memory::ClonePrivate => Some(format!(
+            "memory-backend-file,id=mem,size={mem},mem-path={mem_path},share=off,readonly=on,rom=off"
         )),
     };
     match backend {
@@ -133,16 +166,11 @@ pub fn args(l: &Launch<'_>) -> Vec<OsString> {
         ]),
         None => push(&["-M", machine]),
     }
-    let kernel = l.image.join("vmlinuz");
-    let initrd = l.image.join("initramfs.cpio.gz");
-    push(&["-kernel", &kernel.to_string_lossy()]);
-    push(&["-initrd", &initrd.to_string_lossy()]);
+    push(&["-kernel", &fd_path(KERNEL_FD)]);
+    push(&["-initrd", &fd_path(INITRD_FD)]);
     push(&["-append", &kernel_cmdline(l.tsc_khz)]);
     push(&["-device", &format!("{serial_dev},id=vs0")]);
-    let chan = format!(
-        "socket,id=ch0,path={},server=on,wait=off",
-        silkd_socket(l.run_dir).display()
-    );
+    let chan = format!("socket,id=ch0,fd={CHANNEL_FD},server=on,wait=off");
     push(&["-chardev", &chan]);
     push(&["-device", "virtserialport,bus=vs0.0,chardev=ch0,name=silkd"]);
     if l.balloon {
@@ -151,11 +179,8 @@ pub fn args(l: &Launch<'_>) -> Vec<OsString> {
             &format!("{balloon_dev},id=balloon0,deflate-on-oom=on"),
         ]);
     }
-    let qmp = format!(
-        "unix:{},server=on,wait=off",
-        qmp_socket(l.run_dir).display()
-    );
-    push(&["-qmp", &qmp]);
+    let qmp = format!("socket,id=qmp,fd={QMP_FD},server=on,wait=off");
+    push(&["-chardev", &qmp, "-mon", "chardev=qmp,mode=control"]);
     if l.incoming {
         push(&["-incoming", "defer"]);
     }
@@ -173,8 +198,7 @@ mod tests {
             cpus: 1,
             memory_mib: 256,
             memory,
-            image: Path::new("/img"),
-            run_dir: Path::new("/run/x"),
+            run_dir: Path::new("/run/a,b"),
             tsc_khz: 2_596_122,
             balloon: true,
             incoming,
@@ -186,14 +210,14 @@ mod tests {
 
     #[test]
     fn clone_maps_the_golden_private_and_read_only() {
-        let golden = launch(Memory::GoldenShared("/dev/shm/g.mem".into()), false);
-        let clone = launch(Memory::ClonePrivate("/dev/shm/g.mem".into()), true);
+        let golden = launch(Memory::GoldenShared, false);
+        let clone = launch(Memory::ClonePrivate, true);
         assert!(golden
             .iter()
-            .any(|a| a.ends_with("mem-path=/dev/shm/g.mem,share=on")));
+            .any(|a| a.ends_with("mem-path=/proc/self/fd/8,share=on")));
         assert!(clone
             .iter()
-            .any(|a| a.ends_with("mem-path=/dev/shm/g.mem,share=off,readonly=on,rom=off")));
+            .any(|a| a.ends_with("mem-path=/proc/self/fd/8,share=off,readonly=on,rom=off")));
         assert_eq!(clone.last().unwrap(), "defer");
         // Same devices, same order: only the backend and -incoming differ.
         let strip = |v: &[String]| -> Vec<String> {
@@ -203,6 +227,20 @@ mod tests {
                 .collect()
         };
         assert_eq!(strip(&golden), strip(&clone));
+    }
+
+    #[test]
+    fn qemu_is_sandboxed_and_opens_nothing_by_path() {
+        let a = launch(Memory::Anonymous, false);
+        assert_eq!(a[0..2], ["-sandbox", SANDBOX]);
+        assert_eq!(a[3], "guest=/run/a,,b", "commas escaped");
+        for (i, arg) in a.iter().enumerate() {
+            if ["-kernel", "-initrd"].contains(&arg.as_str()) {
+                assert!(a[i + 1].starts_with("/proc/self/fd/"), "{arg} {}", a[i + 1]);
+            }
+            assert!(!arg.contains("path=/run"), "a path QEMU would open: {arg}");
+        }
+        assert!(a.iter().any(|x| x == "tcg,tb-size=64"));
     }
 
     #[test]

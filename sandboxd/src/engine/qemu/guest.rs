@@ -1,6 +1,7 @@
 //! One VM: its QEMU process, owned by a supervisor task that records the VM's end in its
 //! [`Fate`] (an exit nobody asked for is the sandbox's failure, with QEMU's stderr and the
-//! console tail); its guest channel; and the sweep of QEMUs an earlier run left behind.
+//! console tail) and then frees its cgroup and its uid; its guest channel; and the sweep
+//! of QEMUs an earlier run left behind.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,12 +9,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
-use tokio::process::Child;
 use tokio::sync::{oneshot, watch};
 
 use super::channel::Channel;
 use super::cmdline;
-use crate::engine::{log_tail, Fate, Guest, GuestStream};
+use super::console::Ring;
+use super::spawn::Spawned;
+use crate::engine::identity::Identity;
+use crate::engine::{Fate, Guest, GuestStream};
 use crate::error::{Error, Result};
 
 /// One VM.
@@ -26,11 +29,26 @@ pub struct QemuGuest {
     fate: Fate,
     destroying: AtomicBool,
     pub(super) cloned: AtomicBool,
+    console: Ring,
+    stderr: Ring,
+    pid: Option<u32>,
 }
 
 impl QemuGuest {
-    /// Takes the child; a task waits for it and records an unexpected exit.
-    pub(super) fn supervise(id: String, run_dir: PathBuf, mut child: Child) -> Arc<QemuGuest> {
+    /// Takes the started QEMU; a task waits for it, records an unexpected exit, then
+    /// removes its cgroup and gives its uid back (only once nothing runs under it).
+    pub(super) fn supervise(
+        id: String,
+        run_dir: PathBuf,
+        spawned: Spawned,
+        identity: Identity,
+    ) -> Arc<QemuGuest> {
+        let Spawned {
+            mut child,
+            console,
+            stderr,
+            cgroup,
+        } = spawned;
         let (kill_tx, kill_rx) = oneshot::channel::<()>();
         let (exited_tx, exited_rx) = watch::channel(false);
         let fate = Fate::new();
@@ -43,8 +61,12 @@ impl QemuGuest {
             fate: fate.clone(),
             destroying: AtomicBool::new(false),
             cloned: AtomicBool::new(false),
+            pid: child.id(),
+            console,
+            stderr,
         });
         let id = guest.id.clone();
+        let (console, stderr) = (guest.console.clone(), guest.stderr.clone());
         tokio::spawn(async move {
             tokio::select! {
                 status = child.wait() => {
@@ -52,7 +74,7 @@ impl QemuGuest {
                         Ok(s) => format!("QEMU exited ({s})"),
                         Err(e) => format!("waiting for QEMU: {e}"),
                     };
-                    let tail = console_tail(&run_dir);
+                    let tail = tails(&console, &stderr);
                     tracing::warn!(guest = %id, "{why}; {tail}");
                     fate.fail(format!("{why}; {tail}"));
                 }
@@ -61,6 +83,11 @@ impl QemuGuest {
                     let _ = child.wait().await;
                 }
             }
+            // QEMU is reaped and `spawn=deny` kept it from leaving children: the group is
+            // empty and the uid owns no process any more.
+            cgroup.kill_all();
+            cgroup.remove();
+            drop(identity);
             let _ = exited_tx.send(true);
         });
         guest
@@ -91,8 +118,17 @@ impl QemuGuest {
     pub(super) fn launch_error(&self, e: Error) -> Error {
         match self.fate.failure() {
             Some(f) => Error::Engine(format!("{e}: {f}")),
-            None => Error::Engine(format!("{e}; {}", console_tail(&self.run_dir))),
+            None => Error::Engine(format!("{e}; {}", self.tails())),
         }
+    }
+
+    /// QEMU's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.pid
+    }
+
+    fn tails(&self) -> String {
+        tails(&self.console, &self.stderr)
     }
 
     pub(super) async fn kill_and_clean(&self) {
@@ -145,17 +181,19 @@ impl Guest for QemuGuest {
     }
 }
 
-/// The last lines of the guest console and QEMU's stderr, for error messages.
-fn console_tail(run_dir: &Path) -> String {
+/// The last bytes of QEMU's stderr and of the guest console, for error messages.
+fn tails(console: &Ring, stderr: &Ring) -> String {
     format!(
-        "qemu.log: [{}] console: [{}]",
-        log_tail(&run_dir.join("qemu.log"), 600),
-        log_tail(&run_dir.join("console.log"), 600)
+        "qemu stderr: [{}] console ({} bytes in all): [{}]",
+        stderr.tail(600),
+        console.total(),
+        console.tail(600)
     )
 }
 
 /// Kills QEMUs an earlier run left behind (their run dirs hold the sockets) and removes
-/// the dirs. A QEMU is ours when its command line names a socket in one of those dirs.
+/// the dirs. A QEMU is ours when its command line (`-name`) names one of those dirs; the
+/// cgroup sweep catches the same QEMUs where the host has cgroups.
 pub(super) fn clean_leftovers(run_root: &Path) {
     let Ok(dirs) = std::fs::read_dir(run_root) else {
         return;

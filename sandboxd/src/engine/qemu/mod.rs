@@ -10,15 +10,27 @@
 //!   nothing ever inflates a balloon or enables free-page reporting (both discard RAM).
 //! - Cold boot: the fallback while no golden exists.
 //! - Supervision: a QEMU that exits on its own marks its guest failed with the reason
-//!   and the tail of its console log.
+//!   and the tail of its console.
+//! - Confinement: every QEMU runs under its own uid (when sandboxd is root), with
+//!   QEMU's seccomp filter, in its own cgroup (guest RAM + [`QEMU_OVERHEAD_MIB`], pids),
+//!   and opens nothing of ours by path: its sockets, files and console are fds sandboxd
+//!   made in directories only sandboxd can open (`spawn.rs`, `private.rs`).
+//! - Golden files: written by the golden's QEMU (its uid owns them while it runs), then
+//!   handed back to sandboxd, mode 0440, group [`QemuEngine::readers_gid`]: every clone's
+//!   QEMU has that group, so it can read (never write) them; before a clone maps them,
+//!   owner, group and mode are checked, so a planted file is never mapped.
 
 pub mod channel;
 pub mod cmdline;
+mod console;
 mod guest;
+mod private;
 pub mod qmp;
+mod spawn;
 pub mod tsc;
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -27,14 +39,16 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use tokio::process::Command;
 
 use self::cmdline::{Accel, Launch, Machine, Memory};
 pub use self::guest::QemuGuest;
 use self::guest::{clean_leftovers, random_id};
 use self::qmp::Qmp;
+use self::spawn::{Files, RunAs};
+use super::cgroup::Cgroups;
+use super::identity::Identities;
 use super::{Engine, Guest, GuestSpec};
-use crate::config::{AccelChoice, QemuConfig};
+use crate::config::{AccelChoice, QemuConfig, SizeConfig};
 use crate::error::{Error, Result};
 
 /// Bound on a save or a restore of device state (it is ~100 KB with `x-ignore-shared`).
@@ -43,6 +57,12 @@ const MIGRATION_TIMEOUT: Duration = Duration::from_secs(60);
 const SESSION_END_GRACE: Duration = Duration::from_millis(100);
 /// The `auto` accelerator probe: KVM must boot a guest to `READY` within this.
 const KVM_PROBE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Memory a QEMU may use beyond its guest's RAM (its code and libraries, device state,
+/// I/O buffers, thread stacks; under TCG the translation cache comes on top): an idle
+/// clone's QEMU uses ~40 MiB of its own, this leaves room for bursts of I/O.
+pub const QEMU_OVERHEAD_MIB: u64 = 128;
+/// Tasks a QEMU may have: main loop, RCU, one per vCPU, and its worker pool (at most 64).
+pub const QEMU_MAX_PIDS: u64 = 128;
 
 /// The engine; one per daemon.
 pub struct QemuEngine {
@@ -53,32 +73,65 @@ pub struct QemuEngine {
     accel: tokio::sync::OnceCell<Accel>,
     probe_image: Option<PathBuf>,
     machine: Machine,
+    /// This daemon's private directory under `[qemu] memory_dir`.
     memory_dir: PathBuf,
     run_root: PathBuf,
     boot_timeout: Duration,
     tsc_khz: u64,
+    /// One uid per QEMU, from `uid_base + 1 ..`.
+    identities: Arc<Identities>,
+    /// `uid_base`: the group of sealed golden files, and a supplementary group of every
+    /// clone's QEMU, so clones can read what no one else can.
+    readers_gid: u32,
+    cgroups: Cgroups,
     /// Golden guests between `boot_golden` and `seal_golden`, by guest id.
-    goldens: Mutex<HashMap<String, Arc<QemuGuest>>>,
+    goldens: Mutex<HashMap<String, (Arc<QemuGuest>, GoldenFiles)>>,
+}
+
+/// A golden's memory file and its migration state while it is being built.
+struct GoldenFiles {
+    memory: File,
+    state: File,
+    state_tmp: PathBuf,
 }
 
 impl QemuEngine {
     /// Checks QEMU and clears what an earlier run left (processes, sockets). The
     /// accelerator is settled on first use: `auto` uses KVM only if it actually boots
     /// `probe_image`, tried once with a short deadline.
+    ///
+    /// Golden memory files go in `memory_dir/sandboxd-INSTANCE` (one per data_dir), a
+    /// directory created 0700 or, from an earlier run, accepted only if ours and 0700.
     pub fn new(
         cfg: &QemuConfig,
         data_dir: &Path,
+        cgroup_root: &Path,
         boot_timeout: Duration,
         probe_image: Option<PathBuf>,
     ) -> Result<QemuEngine> {
         let version = qemu_version(&cfg.binary)?;
-        let run_root = data_dir.join("qemu").join("run");
+        let instance = hex::encode(&Sha256::digest(data_dir.as_os_str().as_encoded_bytes())[..6]);
+        let cgroups = Cgroups::probe(cgroup_root, &instance);
+        // Kills what an earlier run left in its cgroups, then its run dirs.
+        cgroups.remove_stale();
+        for w in cgroups.warnings() {
+            tracing::warn!("qemu engine: {w}");
+        }
+        let qemu_dir = data_dir.join("qemu");
+        let run_root = qemu_dir.join("run");
         clean_leftovers(&run_root);
-        std::fs::create_dir_all(&run_root)
-            .map_err(Error::io(format!("creating {}", run_root.display())))?;
-        std::fs::create_dir_all(&cfg.memory_dir)
-            .map_err(Error::io(format!("creating {}", cfg.memory_dir.display())))?;
-        tracing::info!(qemu = %version, "qemu engine ready");
+        private::check_parent(data_dir)?;
+        private::private_dir(&qemu_dir)?;
+        private::private_dir(&run_root)?;
+        private::check_parent(&cfg.memory_dir)?;
+        let memory_dir = cfg.memory_dir.join(format!("sandboxd-{instance}"));
+        private::private_dir(&memory_dir)?;
+        let identities = Identities::new(cfg.uid_base + 1, cfg.uid_count - 1);
+        tracing::info!(
+            qemu = %version,
+            unprivileged = identities.switching(),
+            "qemu engine ready"
+        );
         Ok(QemuEngine {
             binary: cfg.binary.clone(),
             version,
@@ -86,12 +139,26 @@ impl QemuEngine {
             accel: tokio::sync::OnceCell::new(),
             probe_image,
             machine: cfg.machine,
-            memory_dir: cfg.memory_dir.clone(),
+            memory_dir,
             run_root,
             boot_timeout,
             tsc_khz: tsc::host_tsc_khz(),
+            identities,
+            readers_gid: cfg.uid_base,
+            cgroups,
             goldens: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// The mode and group a sealed golden file must have: group-readable by the clones'
+    /// group when QEMUs run under their own uids, else readable by sandboxd's user only
+    /// (every QEMU runs as that user then).
+    fn sealed(&self) -> (u32, Option<u32>) {
+        if self.identities.switching() {
+            (0o440, Some(self.readers_gid))
+        } else {
+            (0o400, None)
+        }
     }
 
     async fn accel(&self) -> Accel {
@@ -128,6 +195,7 @@ impl QemuEngine {
             memory: Memory::Anonymous,
             image: image.clone(),
             balloon: false,
+            files: None,
         };
         match self
             .launch(Accel::Kvm, &boot, false, KVM_PROBE_TIMEOUT)
@@ -145,19 +213,23 @@ impl QemuEngine {
         }
     }
 
-    /// Where a golden's RAM lives (tmpfs), named after its directory so each pool key
-    /// has its own.
+    /// Where a golden's RAM lives (tmpfs, in this daemon's private directory), named
+    /// after its directory so each pool key has its own.
     fn golden_memory(&self, spec: &GuestSpec) -> PathBuf {
         let h = Sha256::digest(spec.golden_dir.as_os_str().as_encoded_bytes());
         self.memory_dir
-            .join(format!("sandboxd-golden-{}.mem", &hex::encode(h)[..16]))
+            .join(format!("golden-{}.mem", &hex::encode(h)[..16]))
     }
 
     fn golden_state(spec: &GuestSpec) -> PathBuf {
         spec.golden_dir.join("state.mig")
     }
 
-    fn boot_of(spec: &GuestSpec, memory: Memory) -> Result<Boot> {
+    fn boot_of<'f>(
+        spec: &GuestSpec,
+        memory: Memory,
+        files: Option<(&'f File, &'f File)>,
+    ) -> Result<Boot<'f>> {
         let image = spec.template_config.image.clone().ok_or_else(|| {
             Error::Config(format!(
                 "template {:?} has no `image` (the qemu engine boots an image built by `cargo xtask image`)",
@@ -170,6 +242,7 @@ impl QemuEngine {
             memory,
             image,
             balloon: !spec.no_balloon,
+            files,
         })
     }
 
@@ -177,38 +250,76 @@ impl QemuEngine {
     async fn launch(
         &self,
         accel: Accel,
-        boot: &Boot,
+        boot: &Boot<'_>,
         incoming: bool,
         within: Duration,
     ) -> Result<Arc<QemuGuest>> {
         let id = random_id();
+        let identity = self.identities.take()?;
+        let switch = self.identities.switching();
+        let (memory, state) = boot.files.unzip();
+        if boot.memory == Memory::GoldenShared {
+            // The golden's QEMU writes both files: its uid owns them until the seal.
+            let owner = switch.then(|| (identity.uid(), identity.gid()));
+            for f in [memory, state].into_iter().flatten() {
+                f.set_len(0)
+                    .map_err(Error::io("truncating a golden file"))?;
+                private::hand_over(f, Path::new("golden file"), owner, 0o600)?;
+            }
+        }
+        let open = |name: &str| {
+            let p = boot.image.join(name);
+            File::open(&p).map_err(Error::io(format!("opening {}", p.display())))
+        };
+        let (kernel, initrd) = (open("vmlinuz")?, open("initramfs.cpio.gz")?);
         let run_dir = self.run_root.join(&id);
-        std::fs::create_dir_all(&run_dir)
-            .map_err(Error::io(format!("creating {}", run_dir.display())))?;
+        private::fresh_dir(&run_dir)?;
         let args = cmdline::args(&Launch {
             accel,
             machine: self.machine,
             cpus: boot.cpus,
             memory_mib: boot.memory_mib,
-            memory: boot.memory.clone(),
-            image: &boot.image,
+            memory: boot.memory,
             run_dir: &run_dir,
             tsc_khz: self.tsc_khz,
             balloon: boot.balloon,
             incoming,
         });
-        let stderr = std::fs::File::create(run_dir.join("qemu.log")).map_err(Error::io(
-            format!("creating {}/qemu.log", run_dir.display()),
-        ))?;
-        let child = Command::new(&self.binary)
-            .args(&args)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(stderr)
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| Error::Engine(format!("spawning {}: {e}", self.binary.display())))?;
-        let guest = QemuGuest::supervise(id, run_dir, child);
+        let readers = [self.readers_gid];
+        let run_as = RunAs {
+            switch,
+            uid: identity.uid(),
+            gid: identity.gid(),
+            groups: if boot.memory == Memory::ClonePrivate {
+                &readers
+            } else {
+                &[]
+            },
+        };
+        let files = Files {
+            kernel: &kernel,
+            initrd: &initrd,
+            memory,
+            state,
+        };
+        let limits = cgroup_limits(boot, accel);
+        let spawned = match spawn::spawn(
+            &self.binary,
+            &args,
+            &run_dir,
+            &run_as,
+            &self.cgroups,
+            &id,
+            &limits,
+            &files,
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&run_dir);
+                return Err(e);
+            }
+        };
+        let guest = QemuGuest::supervise(id, run_dir, spawned, identity);
         if !incoming {
             if let Err(e) = guest.connect(within).await {
                 let e = guest.launch_error(e);
@@ -226,7 +337,7 @@ impl QemuEngine {
     }
 
     /// Boots cold, retrying once: a TCG boot can hang in early boot under host load.
-    async fn boot_cold(&self, boot: &Boot) -> Result<Arc<QemuGuest>> {
+    async fn boot_cold(&self, boot: &Boot<'_>) -> Result<Arc<QemuGuest>> {
         let accel = self.accel().await;
         match self.launch(accel, boot, false, self.boot_timeout).await {
             Ok(g) => Ok(g),
@@ -238,7 +349,11 @@ impl QemuEngine {
     }
 
     async fn clone_from_golden(&self, spec: &GuestSpec) -> Result<Arc<QemuGuest>> {
-        let boot = Self::boot_of(spec, Memory::ClonePrivate(self.golden_memory(spec)))?;
+        // Only files sandboxd sealed: a file anyone else made or changed is refused.
+        let (mode, gid) = self.sealed();
+        let memory = private::open_verified(&self.golden_memory(spec), mode, gid)?;
+        let state = private::open_verified(&Self::golden_state(spec), mode, gid)?;
+        let boot = Self::boot_of(spec, Memory::ClonePrivate, Some((&memory, &state)))?;
         let accel = self.accel().await;
         let guest = self.launch(accel, &boot, true, self.boot_timeout).await?;
         let restored = async {
@@ -246,9 +361,11 @@ impl QemuEngine {
                 Qmp::connect(&cmdline::qmp_socket(&guest.run_dir), self.boot_timeout).await?;
             qmp.execute("migrate-set-capabilities", Some(ignore_shared()))
                 .await?;
-            let uri = format!("file:{}", Self::golden_state(spec).display());
-            qmp.execute("migrate-incoming", Some(json!({ "uri": uri })))
-                .await?;
+            qmp.execute(
+                "migrate-incoming",
+                Some(json!({ "uri": cmdline::state_uri() })),
+            )
+            .await?;
             qmp.wait_migration(MIGRATION_TIMEOUT).await?;
             qmp.execute("cont", None).await?;
             if boot.balloon {
@@ -268,12 +385,29 @@ impl QemuEngine {
 }
 
 /// What one boot needs.
-struct Boot {
+struct Boot<'f> {
     cpus: u32,
     memory_mib: u64,
     memory: Memory,
     image: PathBuf,
     balloon: bool,
+    /// The golden's memory file and migration state (golden and clones).
+    files: Option<(&'f File, &'f File)>,
+}
+
+/// A QEMU's cgroup: the guest's CPUs, its RAM plus QEMU's own margin (and the TCG
+/// translation cache), and a task limit for QEMU's threads.
+fn cgroup_limits(boot: &Boot<'_>, accel: Accel) -> SizeConfig {
+    let tcg = if accel == Accel::Tcg {
+        cmdline::TCG_TB_MIB
+    } else {
+        0
+    };
+    SizeConfig {
+        cpus: boot.cpus,
+        memory_mib: boot.memory_mib + QEMU_OVERHEAD_MIB + tcg,
+        max_pids: QEMU_MAX_PIDS,
+    }
 }
 
 /// Turns on the balloon's guest memory statistics (every 5 s). Polling is a property of
@@ -297,7 +431,14 @@ fn ignore_shared() -> serde_json::Value {
 impl Engine for QemuEngine {
     fn info(&self) -> api::EngineInfo {
         let accel = self.accel.get();
-        let mut warnings = Vec::new();
+        let mut warnings = self.cgroups.warnings().to_vec();
+        if !self.identities.switching() {
+            warnings.push(
+                "sandboxd is not root: every QEMU runs as sandboxd's own user, so VMs are not \
+                 separated from each other or from sandboxd by uid"
+                    .into(),
+            );
+        }
         if accel == Some(&Accel::Tcg) {
             warnings.push("guests run under TCG (software emulation), slower than KVM".into());
         }
@@ -313,7 +454,7 @@ impl Engine for QemuEngine {
     }
 
     fn golden_inputs(&self, spec: &GuestSpec) -> Result<String> {
-        let image = Self::boot_of(spec, Memory::Anonymous)?.image;
+        let image = Self::boot_of(spec, Memory::Anonymous, None)?.image;
         let manifest = image.join("manifest.json");
         let text = std::fs::read_to_string(&manifest).map_err(|e| {
             Error::Config(format!(
@@ -341,23 +482,39 @@ impl Engine for QemuEngine {
     }
 
     fn golden_present(&self, spec: &GuestSpec) -> bool {
-        Self::golden_state(spec).is_file() && self.golden_memory(spec).is_file()
+        // Present means sealed by us: anything else is rebuilt, never mapped.
+        let (mode, gid) = self.sealed();
+        private::is_verified(&Self::golden_state(spec), mode, gid)
+            && private::is_verified(&self.golden_memory(spec), mode, gid)
     }
 
     fn boot_golden<'a>(&'a self, spec: &'a GuestSpec) -> BoxFuture<'a, Result<Arc<dyn Guest>>> {
         Box::pin(async move {
             let mem = self.golden_memory(spec);
+            let state = Self::golden_state(spec);
+            let state_tmp = state.with_extension("mig.tmp");
             // Running clones of an older golden keep their mapping of the old file.
-            let _ = std::fs::remove_file(&mem);
-            let _ = std::fs::remove_file(Self::golden_state(spec));
+            for old in [&mem, &state, &state_tmp] {
+                let _ = std::fs::remove_file(old);
+            }
             std::fs::create_dir_all(&spec.golden_dir)
                 .map_err(Error::io(format!("creating {}", spec.golden_dir.display())))?;
-            let boot = Self::boot_of(spec, Memory::GoldenShared(mem))?;
+            // Exclusive creates: whatever got in the way after the removal is refused.
+            let files = GoldenFiles {
+                memory: private::create_file(&mem, 0o600)?,
+                state: private::create_file(&state_tmp, 0o600)?,
+                state_tmp,
+            };
+            let boot = Self::boot_of(
+                spec,
+                Memory::GoldenShared,
+                Some((&files.memory, &files.state)),
+            )?;
             let guest = self.boot_cold(&boot).await?;
             self.goldens
                 .lock()
                 .expect("goldens lock")
-                .insert(guest.id.clone(), guest.clone());
+                .insert(guest.id.clone(), (guest.clone(), files));
             Ok(guest as Arc<dyn Guest>)
         })
     }
@@ -368,14 +525,13 @@ impl Engine for QemuEngine {
         guest: Arc<dyn Guest>,
     ) -> BoxFuture<'a, Result<()>> {
         Box::pin(async move {
-            let golden = self
+            let (golden, files) = self
                 .goldens
                 .lock()
                 .expect("goldens lock")
                 .remove(guest.id())
                 .ok_or_else(|| Error::Engine(format!("{} is not a golden guest", guest.id())))?;
             let state = Self::golden_state(spec);
-            let tmp = state.with_extension("mig.tmp");
             let saved = async {
                 // End the host session first and give silkd a moment to see the hang-up,
                 // so clones start "waiting for a host" rather than inside a dead session
@@ -392,8 +548,8 @@ impl Engine for QemuEngine {
                 )
                 .await?;
                 qmp.execute("stop", None).await?;
-                let uri = format!("file:{}", tmp.display());
-                qmp.execute("migrate", Some(json!({ "uri": uri }))).await?;
+                qmp.execute("migrate", Some(json!({ "uri": cmdline::state_uri() })))
+                    .await?;
                 qmp.wait_migration(MIGRATION_TIMEOUT).await?;
                 Ok::<_, Error>(())
             }
@@ -402,8 +558,14 @@ impl Engine for QemuEngine {
             // through in clones' pages.
             golden.kill_and_clean().await;
             saved?;
-            std::fs::rename(&tmp, &state)
-                .map_err(Error::io(format!("renaming {}", tmp.display())))?;
+            // Its QEMU is gone (and with it the uid's last process): take both files back
+            // and make them readable by clones only.
+            let (mode, gid) = self.sealed();
+            let owner = gid.map(|g| (nix::unistd::geteuid().as_raw(), g));
+            private::hand_over(&files.memory, &self.golden_memory(spec), owner, mode)?;
+            private::hand_over(&files.state, &files.state_tmp, owner, mode)?;
+            std::fs::rename(&files.state_tmp, &state)
+                .map_err(Error::io(format!("renaming {}", files.state_tmp.display())))?;
             Ok(())
         })
     }
@@ -413,6 +575,8 @@ impl Engine for QemuEngine {
         // mid-build), so no QEMU outlives the daemon.
         self.goldens.lock().expect("goldens lock").clear();
         clean_leftovers(&self.run_root);
+        self.cgroups.remove_stale();
+        self.cgroups.remove_parents();
     }
 
     fn start<'a>(&'a self, spec: &'a GuestSpec) -> BoxFuture<'a, Result<Arc<dyn Guest>>> {
@@ -423,7 +587,7 @@ impl Engine for QemuEngine {
                     Err(e) => tracing::warn!("clone failed, booting cold: {e}"),
                 }
             }
-            let boot = Self::boot_of(spec, Memory::Anonymous)?;
+            let boot = Self::boot_of(spec, Memory::Anonymous, None)?;
             Ok(self.boot_cold(&boot).await? as Arc<dyn Guest>)
         })
     }
