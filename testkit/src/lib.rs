@@ -8,6 +8,8 @@
 //! - [`guard`]: [`ChildGuard`], a spawned process that is stopped, reaped and swept up
 //!   when the test ends, even by a panic.
 //! - [`procs`]: reading `/proc`: processes by command line or group, states, signals.
+//! - [`host`]: host objects seen from outside: cgroup limits, reading as another
+//!   user, mapped files.
 //! - [`http`]: one HTTP/1.1 request to a sandboxd, over TCP or a Unix socket.
 //! - [`setup`]: the test node's config and tokens.
 //! - [`daemon`]: a real sandboxd, in-process ([`Daemon`]) or as the binary
@@ -20,6 +22,7 @@
 pub mod bins;
 pub mod daemon;
 pub mod guard;
+pub mod host;
 pub mod http;
 pub mod procs;
 pub mod sdk;

@@ -111,21 +111,22 @@ impl QemuEngine {
     ) -> Result<QemuEngine> {
         let version = qemu_version(&cfg.binary)?;
         let instance = hex::encode(&Sha256::digest(data_dir.as_os_str().as_encoded_bytes())[..6]);
+        let qemu_dir = data_dir.join("qemu");
+        let run_root = qemu_dir.join("run");
+        private::check_parent(data_dir)?;
+        private::private_dir(&qemu_dir)?;
+        private::check_parent(&cfg.memory_dir)?;
+        let memory_dir = cfg.memory_dir.join(format!("sandboxd-{instance}"));
+        private::private_dir(&memory_dir)?;
         let cgroups = Cgroups::probe(cgroup_root, &instance);
-        // Kills what an earlier run left in its cgroups, then its run dirs.
+        // Kills what an earlier run left in its cgroups, then by command line (hosts
+        // without cgroups), then its run dirs.
         cgroups.remove_stale();
         for w in cgroups.warnings() {
             tracing::warn!("qemu engine: {w}");
         }
-        let qemu_dir = data_dir.join("qemu");
-        let run_root = qemu_dir.join("run");
         clean_leftovers(&run_root);
-        private::check_parent(data_dir)?;
-        private::private_dir(&qemu_dir)?;
         private::private_dir(&run_root)?;
-        private::check_parent(&cfg.memory_dir)?;
-        let memory_dir = cfg.memory_dir.join(format!("sandboxd-{instance}"));
-        private::private_dir(&memory_dir)?;
         let identities = Identities::new(cfg.uid_base + 1, cfg.uid_count - 1);
         tracing::info!(
             qemu = %version,
@@ -497,8 +498,12 @@ impl Engine for QemuEngine {
             for old in [&mem, &state, &state_tmp] {
                 let _ = std::fs::remove_file(old);
             }
-            std::fs::create_dir_all(&spec.golden_dir)
-                .map_err(Error::io(format!("creating {}", spec.golden_dir.display())))?;
+            if let Some(parent) = spec.golden_dir.parent() {
+                std::fs::create_dir_all(parent)
+                    .map_err(Error::io(format!("creating {}", parent.display())))?;
+            }
+            // 0700 whatever data_dir's mode: only sandboxd reaches the state by path.
+            private::private_dir(&spec.golden_dir)?;
             // Exclusive creates: whatever got in the way after the removal is refused.
             let files = GoldenFiles {
                 memory: private::create_file(&mem, 0o600)?,
