@@ -248,11 +248,16 @@ pub async fn host_handshake<S: AsyncRead + AsyncWrite + Unpin>(
 /// A yamux stream as a tokio `AsyncRead + AsyncWrite`.
 pub type MuxStream = Compat<yamux::Stream>;
 
+/// Streams open at once on one channel, each side. On the host, opening one more fails that
+/// open only; on the guest, a host that opens one more ends the whole channel (yamux), so
+/// the host keeps well below it (sandboxd's config validation).
+pub const MAX_STREAMS: usize = 256;
+
 fn mux_config() -> yamux::Config {
     let mut cfg = yamux::Config::default();
     // 256 KiB per stream × 256 streams; bounds what a peer can make us buffer.
-    cfg.set_max_num_streams(256);
-    cfg.set_max_connection_receive_window(Some(256 * 1024 * 256));
+    cfg.set_max_num_streams(MAX_STREAMS);
+    cfg.set_max_connection_receive_window(Some(256 * 1024 * MAX_STREAMS));
     cfg
 }
 
@@ -300,12 +305,17 @@ where
             }
             if waiting.is_some() {
                 if let Poll::Ready(r) = conn.poll_new_outbound(cx) {
-                    let r = r
-                        .map(|s| s.compat())
-                        .map_err(|e| io::Error::new(io::ErrorKind::BrokenPipe, e));
-                    let failed = r.is_err();
+                    // Too many streams fails this open only: the channel and every stream
+                    // on it are fine, and tearing it down would kill the guest's RPCs.
+                    let fatal = matches!(&r, Err(e) if !matches!(e, yamux::ConnectionError::TooManyStreams));
+                    let r = r.map(|s| s.compat()).map_err(|e| match e {
+                        yamux::ConnectionError::TooManyStreams => {
+                            io::Error::new(io::ErrorKind::Other, e)
+                        }
+                        e => io::Error::new(io::ErrorKind::BrokenPipe, e),
+                    });
                     let _ = waiting.take().expect("checked").send(r);
-                    if failed {
+                    if fatal {
                         return Poll::Ready(());
                     }
                     continue;
