@@ -68,6 +68,12 @@ pub fn render(node: &Node) -> String {
     )
 }
 
+/// Writes the node's sandboxd.toml owner-only (0600), also over a file an earlier run
+/// left with a wider mode: it holds the root token.
+pub fn write_node_config(path: &Path, node: &Node) -> Result<()> {
+    write_private(path, &render(node))
+}
+
 /// The root token in `path`, or a fresh one (32 random bytes, hex) written there with
 /// mode 0600, so that a re-run keeps the token clients already hold.
 pub fn load_or_create_token(path: &Path) -> Result<(String, bool)> {
@@ -217,6 +223,27 @@ mod tests {
         let (fresh, created) = load_or_create_token(&path).unwrap();
         assert!(created);
         assert_ne!(fresh, first);
+    }
+
+    #[test]
+    fn the_node_config_is_private_even_over_an_open_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("up/sandboxd.toml");
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, "old").unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        let node = Node {
+            engine: &Engine::Process,
+            data_dir: &dir.path().join("data"),
+            silkd: &dir.path().join("silkd"),
+            token: TOKEN,
+        };
+        write_node_config(&path, &node).unwrap();
+        assert_eq!(
+            fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert!(fs::read_to_string(&path).unwrap().contains(TOKEN));
     }
 
     #[test]

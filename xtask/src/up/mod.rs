@@ -56,13 +56,15 @@ pub fn run() -> Result<()> {
         up_dir.join("token").display()
     ));
     let config_path = up_dir.join("sandboxd.toml");
-    let text = config::render(&Node {
-        engine: &engine,
-        data_dir: &up_dir.join("data"),
-        silkd: &release.join("silkd"),
-        token: &token,
-    });
-    fs::write(&config_path, text).map_err(Error::io("writing", &config_path))?;
+    config::write_node_config(
+        &config_path,
+        &Node {
+            engine: &engine,
+            data_dir: &up_dir.join("data"),
+            silkd: &release.join("silkd"),
+            token: &token,
+        },
+    )?;
     say(&format!("wrote {}", config_path.display()));
 
     step(5, "sbx");
