@@ -1,6 +1,8 @@
 //! Claimed sandboxes: the registry by id and by token digest, node and tenant `max_claims`
 //! accounting (a slot is reserved before a guest is taken and freed if the claim fails),
-//! deadlines, and the list of expired sandboxes the TTL reaper destroys.
+//! deadlines, and the expired sandboxes the TTL reaper takes out. Renew and the reaper
+//! decide under the one lock, so a renew that answered is never undone by a check made
+//! before it.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -97,13 +99,7 @@ impl Claims {
     }
 
     fn free(&self, tenant: Option<&str>) {
-        let mut inner = self.inner.lock().expect("claims lock");
-        inner.node_held = inner.node_held.saturating_sub(1);
-        if let Some(t) = tenant {
-            if let Some(h) = inner.tenant_held.get_mut(t) {
-                *h = h.saturating_sub(1);
-            }
-        }
+        free_locked(&mut self.inner.lock().expect("claims lock"), tenant);
     }
 
     /// Registers a sandbox in a reserved slot and returns it with its new token.
@@ -162,27 +158,24 @@ impl Claims {
 
     /// Unregisters a sandbox and frees its slot; the caller destroys its guest.
     pub fn remove(&self, id: &str) -> Option<Arc<Sandbox>> {
-        let sandbox = {
-            let mut inner = self.inner.lock().expect("claims lock");
-            let sandbox = inner.by_id.remove(id)?;
-            inner.released.push_back(digest(&sandbox.token));
-            if inner.released.len() > RELEASED_TOKENS_KEPT {
-                if let Some(old) = inner.released.pop_front() {
-                    inner.by_token.remove(&old);
-                }
-            }
-            sandbox
-        };
-        self.free(sandbox.tenant.as_deref());
-        Some(sandbox)
+        remove_locked(&mut self.inner.lock().expect("claims lock"), id)
     }
 
-    /// Moves a deadline to now + `ttl_ms` and returns it in Unix seconds.
-    pub fn renew(&self, sandbox: &Sandbox, ttl_ms: u64) -> u64 {
+    /// Moves a deadline to now + `ttl_ms` and returns it in Unix seconds; `None` when the
+    /// sandbox is no longer registered (released, or taken by the reaper first).
+    pub fn renew(&self, sandbox: &Sandbox, ttl_ms: u64) -> Option<u64> {
+        let inner = self.inner.lock().expect("claims lock");
+        let ours = inner
+            .by_id
+            .get(&sandbox.id)
+            .is_some_and(|s| std::ptr::eq(Arc::as_ptr(s), sandbox));
+        if !ours {
+            return None;
+        }
         sandbox
             .deadline_ms
             .store(now_ms() + ttl_ms, Ordering::SeqCst);
-        sandbox.deadline()
+        Some(sandbox.deadline())
     }
 
     /// Every sandbox, or one tenant's.
@@ -198,14 +191,19 @@ impl Claims {
         all
     }
 
-    /// Ids past their deadline at `now_ms`.
-    pub fn expired(&self, now_ms: u64) -> Vec<String> {
-        let inner = self.inner.lock().expect("claims lock");
-        inner
+    /// Unregisters every sandbox past its deadline at `now_ms` and returns them (the
+    /// caller destroys their guests). Deadlines are read and entries removed under the
+    /// lock renew takes, so each sandbox is either renewed or taken, never both.
+    pub fn take_expired(&self, now_ms: u64) -> Vec<Arc<Sandbox>> {
+        let mut inner = self.inner.lock().expect("claims lock");
+        let ids: Vec<String> = inner
             .by_id
             .values()
             .filter(|s| s.deadline_ms.load(Ordering::SeqCst) <= now_ms)
             .map(|s| s.id.clone())
+            .collect();
+        ids.iter()
+            .filter_map(|id| remove_locked(&mut inner, id))
             .collect()
     }
 
@@ -217,4 +215,98 @@ impl Claims {
 
 fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
+}
+
+fn free_locked(inner: &mut Inner, tenant: Option<&str>) {
+    inner.node_held = inner.node_held.saturating_sub(1);
+    if let Some(t) = tenant {
+        if let Some(h) = inner.tenant_held.get_mut(t) {
+            *h = h.saturating_sub(1);
+        }
+    }
+}
+
+fn remove_locked(inner: &mut Inner, id: &str) -> Option<Arc<Sandbox>> {
+    let sandbox = inner.by_id.remove(id)?;
+    inner.released.push_back(digest(&sandbox.token));
+    if inner.released.len() > RELEASED_TOKENS_KEPT {
+        if let Some(old) = inner.released.pop_front() {
+            inner.by_token.remove(&old);
+        }
+    }
+    free_locked(inner, sandbox.tenant.as_deref());
+    Some(sandbox)
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::future::BoxFuture;
+
+    use super::*;
+    use crate::engine::{Fate, GuestStream};
+
+    /// A guest nothing ever dials; the registry only holds it.
+    struct Idle(Fate);
+
+    impl Guest for Idle {
+        fn id(&self) -> &str {
+            "idle"
+        }
+        fn dial(&self) -> BoxFuture<'_, Result<GuestStream>> {
+            Box::pin(async { Err(Error::Guest("not dialable".into())) })
+        }
+        fn destroy(&self) -> BoxFuture<'_, ()> {
+            Box::pin(async {})
+        }
+        fn fate(&self) -> &Fate {
+            &self.0
+        }
+    }
+
+    fn claimed(claims: &Claims, deadline_ms: u64) -> Arc<Sandbox> {
+        let slot = claims.reserve(Some("t")).unwrap();
+        let guest = Arc::new(Idle(Fate::new()));
+        claims
+            .insert(slot, "tp".into(), "sz".into(), deadline_ms, guest)
+            .0
+    }
+
+    #[test]
+    fn a_renew_that_answered_is_never_reaped_by_an_earlier_check() {
+        let claims = Claims::new(4, [("t".to_string(), 4)].into());
+        let now = now_ms();
+        let s = claimed(&claims, now - 1);
+        // The renew lands between a reaper's look at the clock and its decision: the
+        // decision is made under the lock, on the renewed deadline.
+        let checked_at = now_ms();
+        assert!(claims.renew(&s, 60_000).is_some());
+        assert!(claims.take_expired(checked_at).is_empty());
+        assert_eq!(claims.active(), 1);
+        // The other order: the reaper takes it first, and the renew then answers None
+        // (404), never a deadline for a sandbox about to be destroyed.
+        let claims = Claims::new(4, [("t".to_string(), 4)].into());
+        let s = claimed(&claims, now - 1);
+        let taken = claims.take_expired(now_ms());
+        assert_eq!(taken.len(), 1);
+        assert!(claims.renew(&s, 60_000).is_none());
+        // Its slot is free again, for the node and the tenant.
+        assert_eq!(claims.active(), 0);
+        let _again: Vec<_> = (0..4).map(|_| claimed(&claims, now + 60_000)).collect();
+        assert!(claims.reserve(Some("t")).is_err());
+    }
+
+    #[test]
+    fn take_expired_takes_only_the_expired() {
+        let claims = Claims::new(4, [("t".to_string(), 4)].into());
+        let now = now_ms();
+        let old = claimed(&claims, now - 10);
+        let _fresh = claimed(&claims, now + 60_000);
+        let taken = claims.take_expired(now);
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].id, old.id);
+        assert!(claims.get(&old.id).is_none());
+        // Its token stays known (404, not 401) after it is gone.
+        assert_eq!(claims.id_for_token(&old.token), Some(old.id.clone()));
+        assert_eq!(claims.active(), 1);
+    }
 }

@@ -32,6 +32,12 @@ pub enum Error {
         /// The name asked for.
         name: String,
     },
+    /// The request body did not arrive whole within `[http] body_timeout_seconds`.
+    #[error("the request body was not complete within {seconds} s")]
+    BodyTimeout {
+        /// The timeout.
+        seconds: u64,
+    },
     /// The request body is over the 1 MiB cap.
     #[error("request body over {limit} bytes")]
     BodyTooLarge {
@@ -50,6 +56,14 @@ pub enum Error {
     /// Node or tenant `max_claims` reached.
     #[error("{0}")]
     TooManyClaims(String),
+    /// `[http] max_relays_per_sandbox` relays are open to this sandbox already.
+    #[error(
+        "{max} relays are open to this sandbox ([http] max_relays_per_sandbox); close one first"
+    )]
+    TooManyRelays {
+        /// The cap.
+        max: u32,
+    },
     /// Temporarily out of capacity; retry after the given number of seconds.
     #[error("{reason}")]
     Busy {
@@ -67,6 +81,15 @@ pub enum Error {
     /// The guest could not be reached, or answered something it should not have.
     #[error("guest: {0}")]
     Guest(String),
+    /// The sandbox's guest died on its own; `why` is the engine's account (exit status,
+    /// console or log tail: host detail that only root and the log see).
+    #[error("sandbox {id} has failed: {why}")]
+    SandboxFailed {
+        /// The sandbox.
+        id: String,
+        /// What its engine recorded.
+        why: String,
+    },
     /// The HTTP client hung up or stopped reading; nobody is left to answer. Not a guest
     /// failure: logs and metrics count it apart (status 499, never sent).
     #[error("client gone: {0}")]

@@ -15,6 +15,7 @@
 //! - [`engine`]: the engine trait, each guest's [`engine::Fate`] (how it ended, written once
 //!   by its supervisor), the `process` engine (bubblewrap + cgroups) and `qemu` (real VMs).
 //! - [`metrics`]: Prometheus metrics.
+//! - [`serve`]: connections: the `[http]` cap and the header, idle and write timeouts.
 //!
 //! [`run`] takes a bound [`Listener`], so tests start the daemon in-process on port 0.
 #![deny(missing_docs)]
@@ -32,15 +33,11 @@ pub mod node;
 pub mod pool;
 pub mod relay;
 pub mod sandbox;
+pub mod serve;
 
 use std::future::Future;
-use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 
 pub use config::Config;
@@ -48,6 +45,7 @@ pub use error::{Error, Result};
 
 use config::ListenAddr;
 use node::Node;
+use serve::{Conn, Connections};
 
 /// How long open connections get to finish after shutdown began and every sandbox died.
 const DRAIN: Duration = Duration::from_secs(2);
@@ -101,7 +99,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> Result<()> {
     config.validate()?;
+    serve::raise_fd_limit(&config.http);
     let node = Node::start(config)?;
+    let slots = Connections::new(&node.config.http, node.metrics.clone());
     tracing::info!(listen = %listener.describe(), "sandboxd serving");
     let mut connections = tokio::task::JoinSet::new();
     tokio::pin!(shutdown);
@@ -112,8 +112,7 @@ pub async fn run(
         };
         match accepted {
             Ok(io) => {
-                let node = node.clone();
-                connections.spawn(serve(node, io));
+                connections.spawn(slots.serve(node.clone(), io));
             }
             Err(e) => {
                 tracing::warn!("accept failed: {e}");
@@ -143,9 +142,6 @@ pub async fn run(
     Ok(())
 }
 
-trait Conn: AsyncRead + AsyncWrite + Unpin + Send + 'static {}
-impl<T: AsyncRead + AsyncWrite + Unpin + Send + 'static> Conn for T {}
-
 async fn accept(listener: &Listener) -> std::io::Result<Box<dyn Conn>> {
     Ok(match listener {
         Listener::Tcp(l) => {
@@ -155,18 +151,4 @@ async fn accept(listener: &Listener) -> std::io::Result<Box<dyn Conn>> {
         }
         Listener::Unix(l) => Box::new(l.accept().await?.0),
     })
-}
-
-async fn serve(node: Arc<Node>, io: Box<dyn Conn>) {
-    let service = service_fn(move |req| api::handle(node.clone(), req));
-    // The timer arms hyper's header read timeout (30 s), so idle half-open connections
-    // that never send a request head do not pile up.
-    if let Err(e) = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .serve_connection(TokioIo::new(io), service)
-        .with_upgrades()
-        .await
-    {
-        tracing::debug!("connection ended: {e}");
-    }
 }

@@ -30,6 +30,13 @@ pub struct PoolLabel {
     pub pool: String,
 }
 
+/// Label set of a connection timeout.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TimeoutLabel {
+    /// `header`, `idle` or `write` (body timeouts are answered 408 and counted by route).
+    pub kind: &'static str,
+}
+
 /// Every metric sandboxd exports.
 pub struct Metrics {
     registry: Registry,
@@ -55,6 +62,16 @@ pub struct Metrics {
     pub golden_builds: Family<PoolLabel, Counter>,
     /// Relays opened.
     pub relays: Counter,
+    /// Relays open now.
+    pub relays_open: Gauge,
+    /// HTTP connections open now, relays included.
+    pub http_connections: Gauge,
+    /// Connections refused at `[http] max_connections`.
+    pub http_refused: Counter,
+    /// Connections closed by a timeout, by kind.
+    pub http_timeouts: Family<TimeoutLabel, Counter>,
+    /// Request bodies not complete within `body_timeout_seconds` (answered 408).
+    pub http_body_timeouts: Counter,
 }
 
 impl Metrics {
@@ -109,6 +126,32 @@ impl Metrics {
         );
         let relays = Counter::default();
         registry.register("relays", "Relays opened", relays.clone());
+        let relays_open = Gauge::default();
+        registry.register("relays_open", "Relays open now", relays_open.clone());
+        let http_connections = Gauge::default();
+        registry.register(
+            "http_connections",
+            "HTTP connections open, relays included",
+            http_connections.clone(),
+        );
+        let http_refused = Counter::default();
+        registry.register(
+            "http_refused",
+            "Connections refused at max_connections",
+            http_refused.clone(),
+        );
+        let http_timeouts = Family::<TimeoutLabel, Counter>::default();
+        registry.register(
+            "http_timeouts",
+            "Connections closed by a timeout",
+            http_timeouts.clone(),
+        );
+        let http_body_timeouts = Counter::default();
+        registry.register(
+            "http_body_timeouts",
+            "Request bodies not complete in time (408)",
+            http_body_timeouts.clone(),
+        );
         Metrics {
             registry,
             claims,
@@ -122,6 +165,11 @@ impl Metrics {
             pool_warm,
             golden_builds,
             relays,
+            relays_open,
+            http_connections,
+            http_refused,
+            http_timeouts,
+            http_body_timeouts,
         }
     }
 

@@ -2,9 +2,11 @@
 //! limits, metrics) and the lifecycle operations that span them: claim, release, the TTL
 //! reaper, and shutdown that destroys every sandbox.
 
-use std::sync::Arc;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use tokio::task::{JoinHandle, JoinSet};
 use tokio_util::sync::CancellationToken;
 
 use crate::auth::Auth;
@@ -17,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::exec::Execs;
 use crate::metrics::{Metrics, SourceLabel};
 use crate::pool::{PoolKey, Pools};
+use crate::relay::Relays;
 
 /// How often the TTL reaper looks for expired sandboxes.
 const REAP_EVERY: Duration = Duration::from_millis(200);
@@ -35,9 +38,12 @@ pub struct Node {
     pub auth: Auth,
     /// Buffered exec limits.
     pub execs: Arc<Execs>,
+    /// Open relays per sandbox.
+    pub relays: Arc<Relays>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
     shutdown: CancellationToken,
+    reaper: Mutex<Option<JoinHandle<()>>>,
 }
 
 /// A served claim and how long it took.
@@ -53,6 +59,14 @@ impl Node {
     pub fn start(config: Config) -> Result<Arc<Node>> {
         let config = Arc::new(config);
         let data_dir = &config.data_dir;
+        // The API's own socket may live there too.
+        let socket = match config.listen_addr()? {
+            crate::config::ListenAddr::Unix(path) if path.parent() == Some(data_dir) => {
+                path.file_name().map(|n| n.to_string_lossy().into_owned())
+            }
+            _ => None,
+        };
+        private_data_dir(data_dir, socket.as_deref())?;
         let spill_dir = data_dir.join("spill");
         std::fs::create_dir_all(&spill_dir)
             .map_err(Error::io(format!("creating {}", spill_dir.display())))?;
@@ -89,13 +103,16 @@ impl Node {
             claims: Claims::new(config.max_claims, tenant_max),
             auth: Auth::new(&config),
             execs: Arc::new(Execs::new(&config.exec, spill_dir, metrics.clone())),
+            relays: Relays::new(config.http.max_relays_per_sandbox, metrics.clone()),
             config,
             engine,
             pools,
             metrics,
             shutdown,
+            reaper: Mutex::new(None),
         });
-        tokio::spawn(node.clone().reaper());
+        let reaper = tokio::spawn(node.clone().reaper());
+        *node.reaper.lock().expect("reaper lock") = Some(reaper);
         Ok(node)
     }
 
@@ -178,13 +195,16 @@ impl Node {
         self.claims.get(id).ok_or(Error::NotFound)
     }
 
-    /// Moves a deadline to now + `ttl_seconds` (clamped); returns it.
+    /// Moves a deadline to now + `ttl_seconds` (clamped); returns it. 404 when the
+    /// sandbox was released or reaped meanwhile.
     pub fn renew(&self, sandbox: &Sandbox, ttl_seconds: u64) -> Result<u64> {
         if ttl_seconds == 0 {
             return Err(Error::BadRequest("ttl_seconds must be positive".into()));
         }
         let ttl = ttl_seconds.min(self.config.max_ttl_seconds);
-        Ok(self.claims.renew(sandbox, ttl * 1000))
+        self.claims
+            .renew(sandbox, ttl * 1000)
+            .ok_or(Error::NotFound)
     }
 
     /// `/v1/info`.
@@ -209,29 +229,37 @@ impl Node {
         }
     }
 
-    /// Destroys sandboxes past their deadline (their running commands die with them).
+    /// Destroys sandboxes past their deadline (their running commands die with them), each
+    /// in its own task: one slow destroy delays no other, nor the next look at the clock.
+    /// On shutdown it waits for the destroys under way, so none is cut short.
     async fn reaper(self: Arc<Self>) {
         let mut tick = tokio::time::interval(REAP_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut destroying = JoinSet::new();
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
-                _ = self.shutdown.cancelled() => return,
+                _ = self.shutdown.cancelled() => break,
             }
-            for id in self.claims.expired(now_ms()) {
-                if let Some(sandbox) = self.claims.remove(&id) {
-                    tracing::info!(%id, "deadline passed; destroying");
-                    self.metrics.expired.inc();
-                    self.metrics.sandboxes.set(self.claims.active() as i64);
-                    sandbox.guest.destroy().await;
-                }
+            while destroying.try_join_next().is_some() {}
+            for sandbox in self.claims.take_expired(now_ms()) {
+                tracing::info!(id = %sandbox.id, "deadline passed; destroying");
+                self.metrics.expired.inc();
+                destroying.spawn(async move { sandbox.guest.destroy().await });
             }
+            self.metrics.sandboxes.set(self.claims.active() as i64);
         }
+        while destroying.join_next().await.is_some() {}
     }
 
-    /// Stops pools and the reaper, then destroys every sandbox, idle or claimed.
+    /// Stops pools and the reaper (its destroys under way finish), then destroys every
+    /// sandbox, idle or claimed.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
+        let reaper = self.reaper.lock().expect("reaper lock").take();
+        if let Some(reaper) = reaper {
+            let _ = reaper.await;
+        }
         self.pools.shutdown().await;
         let claimed: Vec<_> = self
             .claims
@@ -243,5 +271,101 @@ impl Node {
         self.metrics.sandboxes.set(0);
         self.engine.shutdown();
         tracing::info!(destroyed = claimed.len(), "all sandboxes destroyed");
+    }
+}
+
+/// Creates `data_dir` readable by sandboxd's user only (0700): it holds every sandbox's
+/// socket and files, the goldens and the spill files. One that exists with a wider mode
+/// is tightened, with a warning, when it is ours (owned by our user and holding only what
+/// sandboxd puts there, `socket` being the API's own socket); anything else is refused rather than chmod-ed, so that a
+/// mistaken `data_dir = "/var"` or `"/tmp"` never changes a directory others rely on.
+fn private_data_dir(dir: &Path, socket: Option<&str>) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+    /// What sandboxd and its engines create directly in `data_dir`.
+    const OURS: &[&str] = &[
+        "spill",
+        "goldens",
+        "sandboxes",
+        "qemu",
+        "pools.json",
+        "pools.tmp",
+    ];
+    let io = |what: &str| Error::io(format!("{what} {}", dir.display()));
+    if !dir.exists() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(io("creating"))?;
+    }
+    let meta = std::fs::metadata(dir).map_err(io("reading"))?;
+    let mode = meta.mode() & 0o7777;
+    if mode & 0o077 == 0 {
+        return Ok(());
+    }
+    let owner_is_us = meta.uid() == nix::unistd::geteuid().as_raw();
+    let foreign: Vec<String> = std::fs::read_dir(dir)
+        .map_err(io("listing"))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| !OURS.contains(&name.as_str()) && Some(name.as_str()) != socket)
+        .collect();
+    if !owner_is_us || !foreign.is_empty() || mode & 0o1000 != 0 {
+        return Err(Error::Config(format!(
+            "data_dir {} has mode {mode:04o} and is not sandboxd's own directory (owner uid \
+             {}, other entries: {foreign:?}); use a dedicated directory, or `chmod 700` it",
+            dir.display(),
+            meta.uid()
+        )));
+    }
+    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(io("tightening"))?;
+    tracing::warn!(
+        "data_dir {} had mode {mode:04o}; tightened to 0700 (it holds sandboxes' sockets \
+         and files)",
+        dir.display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn data_dir_is_created_private_and_ours_is_tightened() {
+        let tmp = tempfile::tempdir().unwrap();
+        let fresh = tmp.path().join("a/data");
+        private_data_dir(&fresh, None).unwrap();
+        assert_eq!(mode(&fresh), 0o700);
+        // An old, open data dir of ours (with the API's socket) is tightened.
+        std::fs::create_dir(fresh.join("spill")).unwrap();
+        std::fs::write(fresh.join("api.sock"), b"").unwrap();
+        std::fs::set_permissions(&fresh, std::fs::Permissions::from_mode(0o755)).unwrap();
+        private_data_dir(&fresh, Some("api.sock")).unwrap();
+        assert_eq!(mode(&fresh), 0o700);
+    }
+
+    #[test]
+    fn a_shared_open_directory_is_refused_untouched() {
+        let tmp = tempfile::tempdir().unwrap();
+        let shared = tmp.path().join("shared");
+        std::fs::create_dir(&shared).unwrap();
+        std::fs::write(shared.join("someone-elses"), b"").unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let e = private_data_dir(&shared, None).unwrap_err();
+        assert!(e.to_string().contains("someone-elses"), "{e}");
+        assert_eq!(mode(&shared), 0o755);
+        let sticky = tmp.path().join("tmp");
+        std::fs::create_dir(&sticky).unwrap();
+        std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(private_data_dir(&sticky, None).is_err());
+        assert_eq!(mode(&sticky), 0o1777);
     }
 }

@@ -79,7 +79,10 @@ impl Sandbox {
     }
 
     fn failed(&self, why: String) -> Error {
-        Error::Guest(format!("sandbox {} has failed: {why}", self.id))
+        Error::SandboxFailed {
+            id: self.id.clone(),
+            why,
+        }
     }
 
     /// The list row (never the token).

@@ -130,6 +130,7 @@ async fn run(script: Script, timeout_seconds: Option<f64>) -> Outcome {
         max_output_bytes: 64 * 1024,
         memory_budget_bytes: 1024 * 1024,
         max_in_flight: 4,
+        ..ExecConfig::default()
     };
     let execs = Arc::new(Execs::new(&config, spill.path().to_path_buf(), metrics));
     let kills = Arc::new(Mutex::new(Vec::new()));
@@ -150,7 +151,7 @@ async fn run(script: Script, timeout_seconds: Option<f64>) -> Outcome {
         ..Default::default()
     };
     let started = tokio::time::Instant::now();
-    let admitted = execs.admit().unwrap();
+    let admitted = execs.admit(&sandbox.id, None).unwrap();
     let answer = exec::spawn(execs.clone(), admitted, sandbox, req)
         .await
         .expect("exec task answered");

@@ -14,7 +14,8 @@ async fn sigterm_destroys_everything() {
         warm: 2,
         ..Setup::default()
     };
-    let config = setup.toml(tmp.path(), "127.0.0.1:0");
+    // The data dir is sandboxd's own; the config and log live beside it.
+    let config = setup.toml(&tmp.path().join("data"), "127.0.0.1:0");
     let mut d = DaemonProcess::start(env!("CARGO_BIN_EXE_sandboxd"), tmp.path(), &config).await;
 
     let r = d.call("GET", "/healthz", None, None).await;
@@ -27,7 +28,7 @@ async fn sigterm_destroys_everything() {
     // Wait for the pool too, so idle sandboxes exist when the signal lands.
     d.wait_pool(Duration::from_secs(10), "2 warm", |p| p["warm"] == 2)
         .await;
-    let data_dir = tmp.path().display().to_string();
+    let data_dir = tmp.path().join("data").display().to_string();
     assert!(
         procs_with(&data_dir).len() >= 3,
         "expected bwrap processes for 3 sandboxes"
@@ -41,7 +42,7 @@ async fn sigterm_destroys_everything() {
         .expect("exec still hanging after shutdown");
     assert_gone(&m).await;
     assert_eq!(procs_with(&data_dir), Vec::<u32>::new());
-    let left: Vec<_> = std::fs::read_dir(tmp.path().join("sandboxes"))
+    let left: Vec<_> = std::fs::read_dir(tmp.path().join("data/sandboxes"))
         .unwrap()
         .collect();
     assert!(left.is_empty(), "sandbox dirs left: {left:?}");

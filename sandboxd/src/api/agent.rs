@@ -1,5 +1,6 @@
-//! `GET /v1/sandboxes/{id}/agent`: the `Upgrade: silkd` check (426), the guest dialled
-//! before any 101 (502 if unreachable), then `101 Switching Protocols` and the relay.
+//! `GET /v1/sandboxes/{id}/agent`: the `Upgrade: silkd` check (426), a relay slot for the
+//! sandbox (429 at `[http] max_relays_per_sandbox`), the guest dialled before any 101 (502
+//! if unreachable), then `101 Switching Protocols` and the relay.
 
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONNECTION, UPGRADE};
@@ -22,10 +23,12 @@ pub(super) async fn agent(
 ) -> Result<Response<Body>> {
     check_upgrade(&req)?;
     let sandbox = sandbox_for(node, caller, id)?;
+    let slot = node.relays.take(&sandbox.id)?;
     node.metrics.relays.inc();
     let guest_stream = relay::dial(&sandbox).await?;
     relay::spawn(
         sandbox.id.clone(),
+        slot,
         hyper::upgrade::on(&mut req),
         guest_stream,
     );

@@ -32,10 +32,10 @@ pub(super) async fn exec(
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
     let sandbox = sandbox_for(node, caller, id)?;
-    let body: api::ExecRequest = read_json(req, false).await?;
+    let body: api::ExecRequest = read_json(node, req, false).await?;
     exec::validate(&body)?;
     let encoding = body.encoding.unwrap_or_default();
-    let admitted = node.execs.admit()?;
+    let admitted = node.execs.admit(&sandbox.id, sandbox.tenant.as_deref())?;
     // A lost exec task (it panicked) is answered like a guest failure, and counted as
     // what it is answered with.
     let outcome = exec::spawn(node.execs.clone(), admitted, sandbox, body)

@@ -1,5 +1,6 @@
-//! The HTTP surface: the route table, dispatch, strict JSON bodies (1 MiB cap, unknown
-//! fields rejected), and the one place an [`Error`] becomes a status. Handlers, one file
+//! The HTTP surface: the route table, dispatch, strict JSON bodies (an object, 1 MiB cap,
+//! `[http] body_timeout_seconds`, unknown fields rejected), and the one place an [`Error`]
+//! becomes a status and a message (host detail for root, an incident id for the others). Handlers, one file
 //! per resource: `sandboxes.rs` (claim, list, get, release, renew), `exec.rs` (buffered
 //! exec and its streamed body), `agent.rs` (the `Upgrade: silkd` relay), `operator.rs`
 //! (root-only node routes). They turn requests into calls on [`Node`], the exec and
@@ -97,17 +98,17 @@ impl Route {
     /// any path can get). `docs/api.md` lists each one under the route's heading; a test
     /// checks it.
     pub fn statuses(self) -> &'static [u16] {
-        // 401/403: any authenticated route; 413: any route that reads a body.
+        // 401/403: any authenticated route; 408 and 413: any route that reads a body.
         match self {
             Route::Healthz => &[200],
             Route::Metrics | Route::Info | Route::List => &[200, 401, 403],
-            Route::Pools => &[200, 400, 401, 403, 413, 500],
-            Route::Claim => &[200, 400, 401, 403, 413, 429, 500, 502, 503],
+            Route::Pools => &[200, 400, 401, 403, 408, 413, 500],
+            Route::Claim => &[200, 400, 401, 403, 408, 413, 429, 500, 502, 503],
             Route::Get => &[200, 401, 403, 404],
             Route::Release => &[204, 401, 403, 404],
-            Route::Renew => &[200, 400, 401, 403, 404, 413],
-            Route::Exec => &[200, 400, 401, 403, 404, 413, 500, 502, 503, 504],
-            Route::Agent => &[101, 401, 403, 404, 426, 502],
+            Route::Renew => &[200, 400, 401, 403, 404, 408, 413],
+            Route::Exec => &[200, 400, 401, 403, 404, 408, 413, 500, 502, 503, 504],
+            Route::Agent => &[101, 401, 403, 404, 426, 429, 502],
         }
     }
 
@@ -162,24 +163,57 @@ pub fn status_of(error: &Error) -> StatusCode {
         Error::Forbidden => StatusCode::FORBIDDEN,
         Error::NotFound => StatusCode::NOT_FOUND,
         Error::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        Error::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
         Error::BodyTooLarge { .. } | Error::OutputTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         Error::UpgradeRequired => StatusCode::UPGRADE_REQUIRED,
-        Error::TooManyClaims(_) => StatusCode::TOO_MANY_REQUESTS,
+        Error::TooManyClaims(_) | Error::TooManyRelays { .. } => StatusCode::TOO_MANY_REQUESTS,
         Error::Busy { .. } | Error::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         Error::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-        Error::Guest(_) | Error::Wire(_) => StatusCode::BAD_GATEWAY,
+        Error::Guest(_) | Error::Wire(_) | Error::SandboxFailed { .. } => StatusCode::BAD_GATEWAY,
         Error::ClientGone(_) => CLIENT_GONE,
         Error::Config(_) | Error::Engine(_) | Error::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
-/// `{"error": ...}` with the status from [`status_of`] (and `Retry-After` when busy).
-fn error_response(error: &Error) -> Response<Body> {
+/// What a caller other than root is told instead of an error that may carry host detail
+/// (paths, a guest's host-side log or console tail, OS errors): a fixed sentence and the
+/// incident id the log line carries. `None` when the error's own message is safe to show.
+/// Root, and the log, always get the whole message.
+fn tenant_message(error: &Error, incident: &str) -> Option<String> {
+    let what = match error {
+        Error::Config(_) | Error::Engine(_) | Error::Io { .. } => "internal error".to_string(),
+        Error::SandboxFailed { id, .. } => format!("sandbox {id} has failed: its guest stopped"),
+        Error::Guest(_) | Error::Wire(_) => "the sandbox's guest could not be reached".to_string(),
+        _ => return None,
+    };
+    Some(format!(
+        "{what} (incident {incident}; the operator's log has the detail)"
+    ))
+}
+
+/// `{"error": ...}` with the status from [`status_of`] (and `Retry-After` when busy); for
+/// a caller other than root, host detail is replaced by [`tenant_message`]. Server errors
+/// are logged with their incident id.
+fn error_response(error: &Error, caller: Option<&Caller>) -> Response<Body> {
     let status = status_of(error);
+    let incident = if status.is_server_error() {
+        let mut raw = [0u8; 6];
+        rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut raw);
+        hex::encode(raw)
+    } else {
+        String::new()
+    };
+    let message = match caller {
+        Some(Caller::Root) => None,
+        _ => tenant_message(error, &incident),
+    };
+    if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
+        tracing::warn!(%incident, status = status.as_u16(), ?caller, "{error}");
+    }
     let mut resp = json(
         status,
         &api::ErrorBody {
-            error: error.to_string(),
+            error: message.unwrap_or_else(|| error.to_string()),
         },
     );
     match error {
@@ -215,15 +249,26 @@ fn empty() -> Body {
     full(Bytes::new())
 }
 
-/// Reads a whole request body (at most [`MAX_BODY`]) and decodes it strictly. An empty
-/// body decodes as `{}` when `empty_ok`.
+/// Reads a whole request body (at most [`MAX_BODY`], within `[http]
+/// body_timeout_seconds`) and decodes it strictly: a JSON object, nothing else (serde's
+/// derives would take an array as a struct's fields in order). An empty body decodes as
+/// `{}` when `empty_ok`.
 async fn read_json<T: DeserializeOwned>(
+    node: &Node,
     req: Request<Incoming>,
     empty_ok: bool,
 ) -> Result<T, Error> {
-    let bytes = Limited::new(req.into_body(), MAX_BODY)
-        .collect()
-        .await
+    let seconds = node.config.http.body_timeout_seconds;
+    let collected = tokio::time::timeout(
+        std::time::Duration::from_secs(seconds),
+        Limited::new(req.into_body(), MAX_BODY).collect(),
+    )
+    .await
+    .map_err(|_| {
+        node.metrics.http_body_timeouts.inc();
+        Error::BodyTimeout { seconds }
+    })?;
+    let bytes = collected
         .map_err(|e| {
             if e.is::<http_body_util::LengthLimitError>() {
                 Error::BodyTooLarge { limit: MAX_BODY }
@@ -237,6 +282,11 @@ async fn read_json<T: DeserializeOwned>(
     } else {
         &bytes
     };
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(Error::BadRequest(
+            "the body must be a JSON object (`{...}`)".into(),
+        ));
+    }
     serde_json::from_slice(bytes).map_err(|e| Error::BadRequest(format!("invalid JSON body: {e}")))
 }
 
@@ -251,26 +301,31 @@ fn sandbox_for(node: &Node, caller: &Caller, id: &str) -> Result<Arc<Sandbox>, E
 pub async fn handle(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
-    let resp = match dispatch(node, req).await {
+    let mut caller = None;
+    let resp = match dispatch(node, req, &mut caller).await {
         Ok(resp) => resp,
         Err(e) => {
-            let resp = error_response(&e);
-            if resp.status().is_server_error() {
-                tracing::warn!(%method, %path, status = resp.status().as_u16(), "{e}");
-            }
-            resp
+            let _span = tracing::warn_span!("request", %method, %path).entered();
+            error_response(&e, caller.as_ref())
         }
     };
     tracing::debug!(%method, %path, status = resp.status().as_u16());
     Ok(resp)
 }
 
-async fn dispatch(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>, Error> {
+/// Routes one request; `caller` is set once the bearer is known, so that the error
+/// answer can tell root from everyone else.
+async fn dispatch(
+    node: Arc<Node>,
+    req: Request<Incoming>,
+    caller_out: &mut Option<Caller>,
+) -> Result<Response<Body>, Error> {
     let (route, id) = Route::find(req.method(), req.uri().path())?;
     if route == Route::Healthz {
         return Ok(json(StatusCode::OK, &serde_json::json!({"status": "ok"})));
     }
     let caller = node.auth.identify(req.headers(), &node.claims)?;
+    *caller_out = Some(caller.clone());
     let id = id.unwrap_or_default();
     match route {
         Route::Healthz => unreachable!("answered before authentication"),
@@ -346,8 +401,53 @@ mod tests {
             reason: "x".into(),
             retry_after: 2,
         };
-        let resp = error_response(&busy);
+        let resp = error_response(&busy, None);
         assert_eq!(resp.status(), 503);
         assert_eq!(resp.headers()[RETRY_AFTER], "2");
+        assert_eq!(status_of(&Error::BodyTimeout { seconds: 1 }), 408);
+        assert_eq!(status_of(&Error::TooManyRelays { max: 1 }), 429);
+    }
+
+    async fn body_text(resp: Response<Body>) -> String {
+        let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice::<api::ErrorBody>(&bytes)
+            .unwrap()
+            .error
+    }
+
+    #[tokio::test]
+    async fn only_root_sees_host_detail() {
+        let host_detail = [
+            Error::Engine("bwrap exited; log: [/var/lib/sandboxd/sandboxes/x/log]".into()),
+            Error::Io {
+                context: "spill file in /var/lib/sandboxd/spill".into(),
+                source: std::io::Error::from_raw_os_error(28),
+            },
+            Error::Config("reading /etc/sandboxd.toml".into()),
+            Error::SandboxFailed {
+                id: "sb-1".into(),
+                why: "QEMU exited; console: /var/lib/sandboxd/qemu/run/x".into(),
+            },
+            Error::Guest("connecting /var/lib/sandboxd/sandboxes/x/sock: refused".into()),
+        ];
+        for e in &host_detail {
+            for caller in [
+                None,
+                Some(Caller::Tenant("a".into())),
+                Some(Caller::Sandbox("sb-1".into())),
+            ] {
+                let shown = body_text(error_response(e, caller.as_ref())).await;
+                assert!(!shown.contains('/'), "{caller:?} saw {shown:?} for {e}");
+                assert!(shown.contains("incident "), "{shown}");
+            }
+            let root = body_text(error_response(e, Some(&Caller::Root))).await;
+            assert_eq!(root, e.to_string());
+        }
+        let failed = body_text(error_response(&host_detail[3], None)).await;
+        assert!(failed.starts_with("sandbox sb-1 has failed"), "{failed}");
+        // Errors about the caller's own request keep their message.
+        let bad = Error::BadRequest("env key must not contain '='".into());
+        let shown = body_text(error_response(&bad, Some(&Caller::Tenant("a".into())))).await;
+        assert_eq!(shown, bad.to_string());
     }
 }

@@ -21,7 +21,7 @@ pub(super) async fn put_pools(
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
     require_root(caller)?;
-    let update: api::PoolsUpdate = read_json(req, false).await?;
+    let update: api::PoolsUpdate = read_json(node, req, false).await?;
     let pools = node.pools.update(update)?;
     Ok(json(StatusCode::OK, &api::PoolsUpdate { pools }))
 }

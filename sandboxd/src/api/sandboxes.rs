@@ -17,7 +17,7 @@ pub(super) async fn claim(
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
     let tenant = require_claimer(caller)?;
-    let body: api::ClaimRequest = read_json(req, true).await?;
+    let body: api::ClaimRequest = read_json(node, req, true).await?;
     let claimed = node.claim(tenant, body).await?;
     let mut resp = json(StatusCode::OK, &claimed.response);
     // Server time of the claim, for clients and benchmarks measuring it.
@@ -34,7 +34,19 @@ pub(super) fn list(node: &Node, caller: &Caller) -> Result<Response<Body>> {
         .claims
         .list(tenant)
         .iter()
-        .map(|s| s.summary())
+        .map(|s| {
+            let mut row = s.summary();
+            // The engine's account of a failure carries host detail (log and console
+            // tails); a tenant learns that it failed, root can read why.
+            if tenant.is_some() && row.error.is_some() {
+                row.error = Some(
+                    "its guest stopped on its own; the operator can see why \
+                     (GET /v1/sandboxes/{id} as root)"
+                        .into(),
+                );
+            }
+            row
+        })
         .collect();
     Ok(json(StatusCode::OK, &api::SandboxList { sandboxes }))
 }
@@ -59,7 +71,7 @@ pub(super) async fn renew(
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
     let sandbox = sandbox_for(node, caller, id)?;
-    let body: api::RenewRequest = read_json(req, false).await?;
+    let body: api::RenewRequest = read_json(node, req, false).await?;
     let deadline = node.renew(&sandbox, body.ttl_seconds)?;
     Ok(json(StatusCode::OK, &api::RenewResponse { deadline }))
 }

@@ -67,6 +67,9 @@ pub struct Config {
     /// Buffered exec limits.
     #[serde(default)]
     pub exec: ExecConfig,
+    /// HTTP connection limits and timeouts.
+    #[serde(default)]
+    pub http: HttpConfig,
     /// Options of the `process` engine.
     #[serde(default)]
     pub process: ProcessConfig,
@@ -171,6 +174,13 @@ pub struct ExecConfig {
     /// Buffered execs at once (503 + Retry-After beyond).
     #[serde(default = "max_in_flight")]
     pub max_in_flight: u32,
+    /// Buffered execs at once in one sandbox (503 + Retry-After beyond), so one sandbox
+    /// cannot take the node's whole share.
+    #[serde(default = "max_in_flight_per_sandbox")]
+    pub max_in_flight_per_sandbox: u32,
+    /// Buffered execs at once across one tenant's sandboxes (503 + Retry-After beyond).
+    #[serde(default = "max_in_flight_per_tenant")]
+    pub max_in_flight_per_tenant: u32,
 }
 
 impl Default for ExecConfig {
@@ -179,6 +189,49 @@ impl Default for ExecConfig {
             max_output_bytes: max_output(),
             memory_budget_bytes: memory_budget(),
             max_in_flight: max_in_flight(),
+            max_in_flight_per_sandbox: max_in_flight_per_sandbox(),
+            max_in_flight_per_tenant: max_in_flight_per_tenant(),
+        }
+    }
+}
+
+/// `[http]`: what one client may hold of the node: connections, and how long a
+/// connection may sit on a request or a response without progress.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Open connections at once, relays included; beyond it a new connection is answered
+    /// 503 and closed.
+    #[serde(default = "max_connections")]
+    pub max_connections: u32,
+    /// From a request's first byte to its complete head (slow-headers clients).
+    #[serde(default = "header_timeout")]
+    pub header_timeout_seconds: u64,
+    /// From a request's head to its complete body (408 beyond).
+    #[serde(default = "body_timeout")]
+    pub body_timeout_seconds: u64,
+    /// A connection with no request in progress is closed after this long without a
+    /// byte (new connections that never send, and idle keep-alive ones).
+    #[serde(default = "idle_timeout")]
+    pub idle_timeout_seconds: u64,
+    /// A response write that makes no progress for this long (the client stopped
+    /// reading) closes the connection, which frees the exec output it held.
+    #[serde(default = "write_timeout")]
+    pub write_timeout_seconds: u64,
+    /// Relays open at once to one sandbox (429 beyond).
+    #[serde(default = "max_relays_per_sandbox")]
+    pub max_relays_per_sandbox: u32,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        HttpConfig {
+            max_connections: max_connections(),
+            header_timeout_seconds: header_timeout(),
+            body_timeout_seconds: body_timeout(),
+            idle_timeout_seconds: idle_timeout(),
+            write_timeout_seconds: write_timeout(),
+            max_relays_per_sandbox: max_relays_per_sandbox(),
         }
     }
 }
@@ -236,6 +289,30 @@ fn memory_budget() -> u64 {
 }
 fn max_in_flight() -> u32 {
     256
+}
+fn max_in_flight_per_sandbox() -> u32 {
+    32
+}
+fn max_in_flight_per_tenant() -> u32 {
+    128
+}
+fn max_connections() -> u32 {
+    4096
+}
+fn header_timeout() -> u64 {
+    10
+}
+fn body_timeout() -> u64 {
+    30
+}
+fn idle_timeout() -> u64 {
+    60
+}
+fn write_timeout() -> u64 {
+    30
+}
+fn max_relays_per_sandbox() -> u32 {
+    32
 }
 fn bwrap() -> PathBuf {
     PathBuf::from("bwrap")
@@ -337,7 +414,21 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| Error::Config(format!("reading {}: {e}", path.display())))?;
-        Config::parse(&text)
+        let config = Config::parse(&text)?;
+        // Tokens in a file others can read are everyone's tokens. Warned, not refused: the
+        // operator may have reasons (a config-management agent's group), the log says so.
+        if let Ok(meta) = std::fs::metadata(path) {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = meta.permissions().mode() & 0o777;
+            let secrets = config.api_token.is_some() || !config.tenants.is_empty();
+            if secrets && mode & 0o077 != 0 {
+                tracing::warn!(
+                    "{} holds tokens but has mode {mode:03o}; make it 0600 (chmod 600)",
+                    path.display()
+                );
+            }
+        }
+        Ok(config)
     }
 
     /// Decodes and validates TOML text.
@@ -484,6 +575,52 @@ mod tests {
         }
         let text = format!("{BASE}\nmax_ttl_seconds = 10\n");
         assert!(Config::parse(&text).is_err());
+    }
+
+    #[test]
+    fn warm_targets_stay_within_the_config() {
+        let c = Config::parse(BASE).unwrap();
+        let target = |template: &str, warm, warm_max| api::PoolTarget {
+            template: template.into(),
+            size: "small".into(),
+            warm,
+            warm_max,
+        };
+        assert!(c.check_targets(&[target("host", 8, 8)]).is_ok());
+        // The config's pool has the default warm_max 8; PUT cannot raise it.
+        let e = c.check_targets(&[target("host", 1, 9)]).unwrap_err();
+        assert!(e.to_string().contains("config's warm_max 8"), "{e}");
+        // Warm targets together stay within max_claims (64 by default).
+        let mut big = c.clone();
+        big.pools[0].warm_max = 100;
+        assert!(big.check_targets(&[target("host", 64, 100)]).is_ok());
+        let e = big.check_targets(&[target("host", 65, 100)]).unwrap_err();
+        assert!(e.to_string().contains("max_claims"), "{e}");
+        // And so does the config file itself.
+        let text = BASE.replace("warm = 1", "warm = 3\nwarm_max = 3");
+        assert!(Config::parse(&format!("max_claims = 2\n{text}")).is_err());
+    }
+
+    #[test]
+    fn http_limits_are_checked() {
+        let c = Config::parse(BASE).unwrap();
+        assert_eq!(c.http.max_connections, 4096);
+        assert_eq!(c.exec.max_in_flight_per_sandbox, 32);
+        for extra in [
+            "[http]\nmax_connections = 0",
+            "[http]\nidle_timeout_seconds = 0",
+            "[http]\nwrite_timeout_seconds = 0",
+            // 100 relays + 2 x 32 execs: over half the channel's 256 streams.
+            "[http]\nmax_relays_per_sandbox = 100",
+            "[http]\nbogus = 1",
+        ] {
+            assert!(
+                Config::parse(&format!("{BASE}\n{extra}\n")).is_err(),
+                "{extra}"
+            );
+        }
+        let ok = Config::parse(&format!("{BASE}\n[http]\nmax_relays_per_sandbox = 64\n"));
+        assert!(ok.is_ok());
     }
 
     #[test]

@@ -127,13 +127,49 @@ impl Config {
         }
         self.check_pool_key(&template, &size)
             .map_err(|e| Error::Config(format!("default pool: {e}")))?;
-        if self.exec.max_output_bytes == 0
-            || self.exec.memory_budget_bytes == 0
-            || self.exec.max_in_flight == 0
+        let e = &self.exec;
+        if e.max_output_bytes == 0
+            || e.memory_budget_bytes == 0
+            || e.max_in_flight == 0
+            || e.max_in_flight_per_sandbox == 0
+            || e.max_in_flight_per_tenant == 0
         {
             return bad("exec limits must be positive".into());
         }
+        let h = &self.http;
+        if h.max_connections == 0
+            || h.header_timeout_seconds == 0
+            || h.body_timeout_seconds == 0
+            || h.idle_timeout_seconds == 0
+            || h.write_timeout_seconds == 0
+            || h.max_relays_per_sandbox == 0
+        {
+            return bad("[http] limits and timeouts must be positive".into());
+        }
+        // Every relay holds one stream of the sandbox's guest channel and every buffered
+        // exec up to two (its own and the Kill on give-up). Half the channel's limit keeps
+        // streams the guest has not yet collected from ever reaching it: at the limit,
+        // yamux on the guest side ends the whole channel.
+        let streams =
+            u64::from(h.max_relays_per_sandbox) + 2 * u64::from(e.max_in_flight_per_sandbox);
+        let ceiling = wire::session::MAX_STREAMS as u64 / 2;
+        if streams > ceiling {
+            return bad(format!(
+                "[http] max_relays_per_sandbox + 2 x [exec] max_in_flight_per_sandbox is \
+                 {streams}, over {ceiling} (half the guest channel's {} streams)",
+                wire::session::MAX_STREAMS
+            ));
+        }
         Ok(())
+    }
+
+    /// The `warm_max` ceiling of a pool: its `[[pools]]` entry's, or the default for a pool
+    /// the config file does not list. `PUT /v1/pools` may not raise a pool above it.
+    pub fn warm_max_for(&self, template: &str, size: &str) -> u32 {
+        self.pools
+            .iter()
+            .find(|p| p.template == template && p.size == size)
+            .map_or_else(super::warm_max, |p| p.warm_max)
     }
 
     /// Errors unless both names are configured ([`Error::UnknownName`], a 400 on the API).
@@ -154,10 +190,14 @@ impl Config {
     }
 
     /// The one check of a list of warm targets, for the config file's `[[pools]]` and for
-    /// `PUT /v1/pools` alike: known template and size, no pool twice, `warm <= warm_max`.
+    /// `PUT /v1/pools` alike: known template and size, no pool twice, `warm <= warm_max`,
+    /// `warm_max` within the config's ([`Config::warm_max_for`]), and the warm targets
+    /// together within `max_claims`: an idle sandbox costs the host what a claimed one
+    /// does, and `max_claims` is what the operator sized the node for.
     /// Errors are the API's (unknown name or bad request); the config wraps them.
     pub fn check_targets(&self, targets: &[api::PoolTarget]) -> Result<()> {
         let mut seen = HashSet::new();
+        let mut total: u64 = 0;
         for t in targets {
             self.check_pool_key(&t.template, &t.size)?;
             if !seen.insert((t.template.as_str(), t.size.as_str())) {
@@ -166,12 +206,26 @@ impl Config {
                     t.template, t.size
                 )));
             }
+            let ceiling = self.warm_max_for(&t.template, &t.size);
+            if t.warm_max > ceiling {
+                return Err(Error::BadRequest(format!(
+                    "pool {}/{}: warm_max {} exceeds the config's warm_max {ceiling} for it",
+                    t.template, t.size, t.warm_max
+                )));
+            }
             if t.warm > t.warm_max {
                 return Err(Error::BadRequest(format!(
                     "pool {}/{}: warm {} exceeds warm_max {}",
                     t.template, t.size, t.warm, t.warm_max
                 )));
             }
+            total += u64::from(t.warm);
+        }
+        if total > u64::from(self.max_claims) {
+            return Err(Error::BadRequest(format!(
+                "warm targets add up to {total}, over the node's max_claims {}",
+                self.max_claims
+            )));
         }
         Ok(())
     }

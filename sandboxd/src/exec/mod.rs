@@ -39,10 +39,30 @@ pub struct Finished {
     pub stderr: Captured,
 }
 
-/// Checks a request before admission: non-empty argv, positive finite timeout.
+/// Checks a request before admission: non-empty argv, no NUL byte anywhere the kernel
+/// takes a C string (argv, env, cwd), env keys non-empty and without `=` (a key with `=`
+/// would set another variable than it names), positive finite timeout.
 pub fn validate(req: &api::ExecRequest) -> Result<()> {
     if req.argv.is_empty() || req.argv[0].is_empty() {
         return Err(Error::BadRequest("argv must not be empty".into()));
+    }
+    if let Some(i) = req.argv.iter().position(|a| a.contains('\0')) {
+        return Err(Error::BadRequest(format!("argv[{i}] contains a NUL byte")));
+    }
+    if req.cwd.as_ref().is_some_and(|c| c.contains('\0')) {
+        return Err(Error::BadRequest("cwd contains a NUL byte".into()));
+    }
+    for (key, value) in req.env.iter().flatten() {
+        if key.is_empty() || key.contains('=') || key.contains('\0') {
+            return Err(Error::BadRequest(format!(
+                "env key {key:?} must be non-empty and contain no '=' or NUL byte"
+            )));
+        }
+        if value.contains('\0') {
+            return Err(Error::BadRequest(format!(
+                "env value of {key:?} contains a NUL byte"
+            )));
+        }
     }
     if let Some(t) = req.timeout_seconds {
         // The upper bound keeps the value representable as a Duration and as silkd's
@@ -194,6 +214,31 @@ mod tests {
         assert!(validate(&ok).is_ok());
         let empty = api::ExecRequest::default();
         assert!(matches!(validate(&empty), Err(Error::BadRequest(_))));
+        let with_env = |k: &str, v: &str| api::ExecRequest {
+            env: Some([(k.to_string(), v.to_string())].into()),
+            ..ok.clone()
+        };
+        assert!(
+            validate(&with_env("A", "b=c")).is_ok(),
+            "'=' in a value is fine"
+        );
+        for (k, v) in [("", "x"), ("A=B", "x"), ("A\0", "x"), ("A", "x\0y")] {
+            let e = validate(&with_env(k, v)).unwrap_err();
+            assert!(matches!(e, Error::BadRequest(_)), "{k:?}={v:?}");
+        }
+        let nul_arg = api::ExecRequest {
+            argv: vec!["echo".into(), "a\0b".into()],
+            ..Default::default()
+        };
+        assert!(validate(&nul_arg)
+            .unwrap_err()
+            .to_string()
+            .contains("argv[1]"));
+        let nul_cwd = api::ExecRequest {
+            cwd: Some("/tmp\0".into()),
+            ..ok.clone()
+        };
+        assert!(validate(&nul_cwd).is_err());
         for t in [-1.0, 0.0, f64::NAN, f64::INFINITY, 1e20] {
             let r = api::ExecRequest {
                 timeout_seconds: Some(t),
