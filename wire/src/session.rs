@@ -23,7 +23,10 @@
 
 use std::future::Future;
 use std::io;
-use std::task::Poll;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
@@ -245,13 +248,64 @@ pub async fn host_handshake<S: AsyncRead + AsyncWrite + Unpin>(
     Ok(io)
 }
 
-/// A yamux stream as a tokio `AsyncRead + AsyncWrite`.
-pub type MuxStream = Compat<yamux::Stream>;
-
-/// Streams open at once on one channel, each side. On the host, opening one more fails that
-/// open only; on the guest, a host that opens one more ends the whole channel (yamux), so
-/// the host keeps well below it (sandboxd's config validation).
+/// Streams open at once on one channel, each side (yamux's limit). Past it yamux ends the
+/// whole channel, on either side, so the host never asks for that many: it opens at most
+/// [`HOST_STREAMS`], and sandboxd's own per-sandbox caps keep far below even that.
 pub const MAX_STREAMS: usize = 256;
+
+/// Streams the host keeps open at once; an open beyond fails that open only. The margin
+/// below [`MAX_STREAMS`] covers streams the host dropped that yamux has not collected yet.
+pub const HOST_STREAMS: usize = MAX_STREAMS - 32;
+
+/// A yamux stream as a tokio `AsyncRead + AsyncWrite`; on the host it holds its place
+/// among [`HOST_STREAMS`] until dropped.
+pub struct MuxStream {
+    inner: Compat<yamux::Stream>,
+    _open: Option<OpenGuard>,
+}
+
+impl std::fmt::Debug for MuxStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MuxStream").finish_non_exhaustive()
+    }
+}
+
+/// One host-side stream's place; freed on drop.
+struct OpenGuard(Arc<AtomicUsize>);
+
+impl Drop for OpenGuard {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+impl AsyncRead for MuxStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl AsyncWrite for MuxStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
 
 fn mux_config() -> yamux::Config {
     let mut cfg = yamux::Config::default();
@@ -291,6 +345,7 @@ where
 {
     let (tx, mut rx) = mpsc::channel::<oneshot::Sender<io::Result<MuxStream>>>(16);
     let mut conn = yamux::Connection::new(io.compat(), mux_config(), yamux::Mode::Client);
+    let open = Arc::new(AtomicUsize::new(0));
     let driver = async move {
         let mut waiting: Option<oneshot::Sender<io::Result<MuxStream>>> = None;
         let mut requests_open = true;
@@ -303,19 +358,29 @@ where
                     Poll::Pending => {}
                 }
             }
+            // Too many streams fails this open only. It is refused here, before yamux,
+            // which would end the whole channel (every RPC of the guest) instead.
+            if waiting.is_some() && open.load(Ordering::SeqCst) >= HOST_STREAMS {
+                let full = io::Error::other(format!(
+                    "{HOST_STREAMS} streams are open on this guest channel; close one first"
+                ));
+                let _ = waiting.take().expect("checked").send(Err(full));
+                continue;
+            }
             if waiting.is_some() {
                 if let Poll::Ready(r) = conn.poll_new_outbound(cx) {
-                    // Too many streams fails this open only: the channel and every stream
-                    // on it are fine, and tearing it down would kill the guest's RPCs.
-                    let fatal = matches!(&r, Err(e) if !matches!(e, yamux::ConnectionError::TooManyStreams));
-                    let r = r.map(|s| s.compat()).map_err(|e| match e {
-                        yamux::ConnectionError::TooManyStreams => {
-                            io::Error::new(io::ErrorKind::Other, e)
-                        }
-                        e => io::Error::new(io::ErrorKind::BrokenPipe, e),
-                    });
+                    let failed = r.is_err();
+                    let r = r
+                        .map(|s| {
+                            open.fetch_add(1, Ordering::SeqCst);
+                            MuxStream {
+                                inner: s.compat(),
+                                _open: Some(OpenGuard(open.clone())),
+                            }
+                        })
+                        .map_err(|e| io::Error::new(io::ErrorKind::BrokenPipe, e));
                     let _ = waiting.take().expect("checked").send(r);
-                    if fatal {
+                    if failed {
                         return Poll::Ready(());
                     }
                     continue;
@@ -343,7 +408,10 @@ where
     let mut conn = yamux::Connection::new(io.compat(), mux_config(), yamux::Mode::Server);
     loop {
         match std::future::poll_fn(|cx| conn.poll_next_inbound(cx)).await {
-            Some(Ok(stream)) => on_stream(stream.compat()),
+            Some(Ok(stream)) => on_stream(MuxStream {
+                inner: stream.compat(),
+                _open: None,
+            }),
             Some(Err(e)) => return Err(io::Error::new(io::ErrorKind::BrokenPipe, e)),
             None => return Ok(()),
         }

@@ -129,3 +129,50 @@ async fn mux_carries_concurrent_rpc_streams() {
     let ended = tokio::time::timeout(std::time::Duration::from_secs(5), server).await;
     assert!(ended.is_ok(), "guest mux did not notice the host leaving");
 }
+
+async fn ping(f: &mut Framed<wire::session::MuxStream, HostCodec>, n: u8) {
+    let data = vec![n; 10];
+    f.send(Request::Stdin { data: data.clone() }).await.unwrap();
+    assert_eq!(f.next().await.unwrap().unwrap(), Response::Stdout { data });
+}
+
+#[tokio::test]
+async fn exhausting_streams_fails_one_open_and_keeps_the_channel() {
+    use wire::session::HOST_STREAMS;
+    let (host, guest) = tokio::io::duplex(1 << 20);
+    tokio::spawn(async move {
+        let (_hello, guest) = guest_handshake(guest).await.unwrap();
+        mux_server(guest, |stream| {
+            tokio::spawn(async move {
+                let mut f = Framed::new(stream, GuestCodec::new());
+                while let Some(Ok(Request::Stdin { data })) = f.next().await {
+                    f.send(Response::Stdout { data }).await.unwrap();
+                }
+            });
+        })
+        .await
+    });
+    let host = host_handshake(host, &hello(5)).await.unwrap();
+    let (opener, driver) = mux_client(host);
+    let driver = tokio::spawn(driver);
+    // Every stream answered once, so the guest has seen (and acknowledged) each.
+    let mut held = Vec::new();
+    for i in 0..HOST_STREAMS {
+        let mut f = Framed::new(opener.open().await.unwrap(), HostCodec::new());
+        ping(&mut f, i as u8).await;
+        held.push(f);
+    }
+    let err = opener.open().await.unwrap_err();
+    assert!(err.to_string().contains("streams are open"), "{err}");
+    // The channel is up: every open stream still answers, and the driver runs on.
+    assert!(!opener.is_closed());
+    for (i, f) in held.iter_mut().enumerate().step_by(51) {
+        ping(f, i as u8).await;
+    }
+    // Closing one makes room for a new one.
+    drop(held.pop());
+    let mut fresh = Framed::new(opener.open().await.unwrap(), HostCodec::new());
+    ping(&mut fresh, 7).await;
+    assert!(!opener.is_closed());
+    driver.abort();
+}
