@@ -7,6 +7,7 @@ use std::time::Duration;
 use futures::{SinkExt, StreamExt};
 use serde_json::json;
 use testkit::procs::{assert_gone, marker, wait_running};
+use testkit::relay::{upgrade, upgrade_with};
 use testkit::{Daemon, Setup, ROOT, TENANT_A, TENANT_B};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio_util::codec::Framed;
@@ -436,45 +437,6 @@ async fn golden_stamp_is_reused_and_mismatch_rebuilds() {
 
 /// Sends a relay request on a fresh connection; returns the status and, on 101, the
 /// connection with any bytes read past the head.
-async fn upgrade(
-    addr: std::net::SocketAddr,
-    path: &str,
-    token: Option<&str>,
-) -> (u16, tokio::net::TcpStream, Vec<u8>) {
-    upgrade_with(addr, path, token, true).await
-}
-
-async fn upgrade_with(
-    addr: std::net::SocketAddr,
-    path: &str,
-    token: Option<&str>,
-    ask: bool,
-) -> (u16, tokio::net::TcpStream, Vec<u8>) {
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let mut head = format!("GET {path} HTTP/1.1\r\nhost: x\r\n");
-    if let Some(t) = token {
-        head.push_str(&format!("authorization: Bearer {t}\r\n"));
-    }
-    if ask {
-        head.push_str("connection: upgrade\r\nupgrade: silkd\r\n");
-    }
-    head.push_str("\r\n");
-    s.write_all(head.as_bytes()).await.unwrap();
-    let mut buf = Vec::new();
-    let end = loop {
-        let mut chunk = [0u8; 1024];
-        let n = s.read(&mut chunk).await.unwrap();
-        assert!(n > 0, "connection closed before the response head");
-        buf.extend_from_slice(&chunk[..n]);
-        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
-            break i + 4;
-        }
-    };
-    let status: u16 = String::from_utf8_lossy(&buf[9..12]).parse().unwrap();
-    let rest = buf[end..].to_vec();
-    (status, s, rest)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_speaks_wire_and_half_closes() {
     let d = Daemon::start(Setup::default()).await;

@@ -10,7 +10,10 @@
 //! - [`procs`]: reading `/proc`: processes by command line or group, states, signals.
 //! - [`host`]: host objects seen from outside: cgroup limits, reading as another
 //!   user, mapped files.
+//! - [`hostile`]: misbehaving clients over raw TCP (idle, slow headers, unfinished
+//!   bodies, unread answers) and what to observe them by.
 //! - [`http`]: one HTTP/1.1 request to a sandboxd, over TCP or a Unix socket.
+//! - [`relay`]: asking sandboxd for a relay (the upgrade) on a raw connection.
 //! - [`setup`]: the test node's config and tokens.
 //! - [`daemon`]: a real sandboxd, in-process ([`Daemon`]) or as the binary
 //!   ([`DaemonProcess`]), and its HTTP API ([`Api`]).
@@ -23,8 +26,10 @@ pub mod bins;
 pub mod daemon;
 pub mod guard;
 pub mod host;
+pub mod hostile;
 pub mod http;
 pub mod procs;
+pub mod relay;
 pub mod sdk;
 pub mod setup;
 pub mod silkd;

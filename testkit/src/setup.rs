@@ -38,6 +38,10 @@ pub struct Setup {
     pub max_ttl_seconds: u64,
     /// `[process] cgroup_root`; the host's when absent.
     pub cgroup_root: Option<PathBuf>,
+    /// More `[exec]` lines (`key = value`), e.g. the per-sandbox in-flight bound.
+    pub exec_extra: String,
+    /// More TOML after everything else, e.g. an `[http]` table.
+    pub tail: String,
 }
 
 impl Default for Setup {
@@ -55,6 +59,8 @@ impl Default for Setup {
             default_ttl_seconds: 60,
             max_ttl_seconds: 120,
             cgroup_root: None,
+            exec_extra: String::new(),
+            tail: String::new(),
         }
     }
 }
@@ -113,8 +119,8 @@ warm_max = {warm_max}
             t.push_str(&format!("warmup = {w}\n"));
         }
         t.push_str(&format!(
-            "\n[exec]\nmax_output_bytes = {}\nmemory_budget_bytes = {}\nmax_in_flight = {}\n",
-            self.max_output_bytes, self.memory_budget_bytes, self.max_in_flight
+            "\n[exec]\nmax_output_bytes = {}\nmemory_budget_bytes = {}\nmax_in_flight = {}\n{}\n",
+            self.max_output_bytes, self.memory_budget_bytes, self.max_in_flight, self.exec_extra
         ));
         if let Some(root) = &self.cgroup_root {
             t.push_str(&format!(
@@ -127,6 +133,7 @@ warm_max = {warm_max}
              \n[[tenants]]\nname = \"b\"\ntoken = \"{TENANT_B}\"\nmax_claims = 1\n",
             self.tenant_a_max_claims
         ));
+        t.push_str(&format!("\n{}\n", self.tail));
         t
     }
 }
