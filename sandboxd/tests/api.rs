@@ -9,7 +9,7 @@ use serde_json::json;
 use testkit::procs::{assert_gone, marker, wait_running};
 use testkit::relay::{upgrade, upgrade_with};
 use testkit::{Daemon, Setup, ROOT, TENANT_A, TENANT_B};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio_util::codec::Framed;
 use wire::{HostCodec, Request, Response};
 

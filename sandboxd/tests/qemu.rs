@@ -501,7 +501,10 @@ async fn killed_qemu_fails_its_sandbox_and_the_pool_refills() {
         }
     })
     .await;
-    assert!(msg.contains("has failed") && msg.contains("incident"), "{msg}");
+    assert!(
+        msg.contains("has failed") && msg.contains("incident"),
+        "{msg}"
+    );
     let r = d.exec(&id, ROOT, json!({ "argv": ["true"] })).await;
     assert_eq!(r.status, 502);
     assert!(r.text().contains("QEMU exited"), "{}", r.text());
