@@ -58,6 +58,7 @@ fn spec(image: &Path, golden_dir: PathBuf) -> GuestSpec {
             cpus: 1,
             memory_mib: 256,
             max_pids: 512,
+            disk_mib: 512,
         },
         no_balloon: false,
         golden_dir,

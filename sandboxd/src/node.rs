@@ -72,10 +72,9 @@ impl Node {
             .map_err(Error::io(format!("creating {}", spill_dir.display())))?;
         let engine: Arc<dyn Engine> = match config.engine {
             EngineKind::Process => Arc::new(ProcessEngine::new(
-                config.process.bwrap.clone(),
+                &config.process,
                 config.silkd_path(),
                 data_dir,
-                &config.process.cgroup_root,
                 Duration::from_secs(config.boot_timeout_seconds),
             )?),
             EngineKind::Qemu => Arc::new(QemuEngine::new(

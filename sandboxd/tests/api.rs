@@ -48,7 +48,7 @@ async fn auth_matrix_on_every_route() {
     assert_eq!(r.status, 401);
 
     // (method, path template, body, expected per WHO). Release goes last: it destroys.
-    let pools_body = r#"{"pools":[{"template":"host","size":"small","warm":2,"warm_max":4}]}"#;
+    let pools_body = r#"{"pools":[{"template":"base","size":"small","warm":2,"warm_max":4}]}"#;
     let table: Vec<(&str, &str, Option<&str>, [u16; 5])> = vec![
         ("GET", "/healthz", None, [200, 200, 200, 200, 200]),
         ("GET", "/metrics", None, [401, 200, 403, 403, 403]),
@@ -289,13 +289,13 @@ async fn pools_put_validates_changes_online_and_persists() {
     d.wait_pool(Duration::from_secs(10), "1 warm", |p| p["warm"] == 1)
         .await;
     for body in [
-        r#"{"pools":[{"template":"host","size":"small","warm":1,"warm_max":4,"warmup":["true"]}]}"#,
-        r#"{"pools":[{"template":"host","size":"small","warm":1,"warm_max":4,"no_balloon":true}]}"#,
-        r#"{"pools":[{"template":"host","size":"small","warm":1,"warm_max":4,"x":1}]}"#,
-        r#"{"pools":[{"template":"host","size":"small","warm":5,"warm_max":4}]}"#,
+        r#"{"pools":[{"template":"base","size":"small","warm":1,"warm_max":4,"warmup":["true"]}]}"#,
+        r#"{"pools":[{"template":"base","size":"small","warm":1,"warm_max":4,"no_balloon":true}]}"#,
+        r#"{"pools":[{"template":"base","size":"small","warm":1,"warm_max":4,"x":1}]}"#,
+        r#"{"pools":[{"template":"base","size":"small","warm":5,"warm_max":4}]}"#,
         r#"{"pools":[{"template":"nope","size":"small","warm":1,"warm_max":4}]}"#,
-        r#"{"pools":[{"template":"host","size":"small","warm":1,"warm_max":4},
-                     {"template":"host","size":"small","warm":1,"warm_max":4}]}"#,
+        r#"{"pools":[{"template":"base","size":"small","warm":1,"warm_max":4},
+                     {"template":"base","size":"small","warm":1,"warm_max":4}]}"#,
         r#"{"targets":[]}"#,
     ] {
         let r = d.call("PUT", "/v1/pools", Some(ROOT), Some(body)).await;
@@ -306,7 +306,7 @@ async fn pools_put_validates_changes_online_and_persists() {
             "PUT",
             "/v1/pools",
             Some(ROOT),
-            Some(r#"{"pools":[{"template":"host","size":"small","warm":3,"warm_max":4}]}"#),
+            Some(r#"{"pools":[{"template":"base","size":"small","warm":3,"warm_max":4}]}"#),
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
@@ -328,7 +328,7 @@ async fn pools_put_validates_changes_online_and_persists() {
             "PUT",
             "/v1/pools",
             Some(ROOT),
-            Some(r#"{"pools":[{"template":"host","size":"small","warm":2,"warm_max":4}]}"#),
+            Some(r#"{"pools":[{"template":"base","size":"small","warm":2,"warm_max":4}]}"#),
         )
         .await;
     assert_eq!(r.status, 200);
@@ -402,7 +402,7 @@ async fn golden_stamp_is_reused_and_mismatch_rebuilds() {
     let stamp = info["pools"][0]["golden"]["stamp"].clone();
     assert_eq!(info["pools"][0]["golden"]["builds"], 1);
     d.stop().await;
-    let stamp_file = tmp.path().join("goldens/host.small.stamp");
+    let stamp_file = tmp.path().join("goldens/base.small.stamp");
     assert_eq!(
         std::fs::read_to_string(&stamp_file).unwrap(),
         stamp.as_str().unwrap()

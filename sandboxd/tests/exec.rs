@@ -30,12 +30,13 @@ async fn exact_bytes_encodings_and_spill() {
         .exec(
             &id,
             &token,
-            json!({"argv": ["head", "-c", "64", "/bin/ls"]}),
+            json!({"argv": ["head", "-c", "64", "/bin/busybox"]}),
         )
         .await;
     assert_eq!(r.status, 200, "{}", r.text());
     let v = r.json();
-    let expected = &std::fs::read("/bin/ls").unwrap()[..64];
+    let busybox = testkit::vm::guest_image().join("rootfs/bin/busybox");
+    let expected = &std::fs::read(busybox).unwrap()[..64];
     assert_eq!(b64(&v["stdout_b64"]), expected);
     assert!(v.get("stdout").is_none(), "{v}");
     assert_eq!(v["stderr"], "");
@@ -339,11 +340,31 @@ async fn cgroup_limits_apply_or_are_reported() {
         assert_gone(&m).await;
         d.stop().await;
     }
-    // Without any hierarchy, sandboxes still run and /v1/info says which limits are off.
+    // Without any hierarchy the node refuses to start, naming what is missing and the
+    // opt-out; with the opt-out, sandboxes run and /v1/info says which limits are off.
     let empty = tempfile::tempdir().unwrap();
-    let d = Daemon::start(Setup {
+    let bare = Setup {
         cgroup_root: Some(empty.path().to_path_buf()),
         ..Setup::default()
+    };
+    let text = bare.toml(&empty.path().join("data"), "127.0.0.1:0");
+    let config = sandboxd::Config::parse(&text).unwrap();
+    let listener = sandboxd::Listener::bind(&config).await.unwrap();
+    let err = sandboxd::run(listener, config, std::future::pending())
+        .await
+        .unwrap_err()
+        .to_string();
+    for needed in [
+        "no memory limit",
+        "no pids limit",
+        "no cpu limit",
+        "allow_missing_cgroups",
+    ] {
+        assert!(err.contains(needed), "{err}");
+    }
+    let d = Daemon::start(Setup {
+        allow_missing_cgroups: true,
+        ..bare
     })
     .await;
     let (id, token) = d.claim().await;
@@ -355,6 +376,10 @@ async fn cgroup_limits_apply_or_are_reported() {
     for ctl in ["cpu", "memory", "pids"] {
         assert!(warnings.contains(&format!("no {ctl} limit")), "{warnings}");
     }
+    assert!(
+        warnings.contains("allow_missing_cgroups is set"),
+        "{warnings}"
+    );
     d.stop().await;
 }
 

@@ -136,7 +136,7 @@ async fn run_releases_on_success_and_on_failure() {
             &[
                 "run",
                 "--template",
-                "host",
+                "base",
                 "--size",
                 "small",
                 "--",

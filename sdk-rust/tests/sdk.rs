@@ -87,9 +87,10 @@ async fn exact_binary_output_through_exec_and_spawn() {
     let d = testkit::sdk::start(Setup::sdk()).await;
     bounded(async {
         let sandbox = d.root().claim(ClaimOptions::new()).await.unwrap();
-        // The `host` template's root is the host's own tree.
-        let ls = std::fs::read("/bin/ls").unwrap();
-        let head = Command::new("head").args(["-c", "4096", "/bin/ls"]);
+        // The `base` template's root is the guest image's rootfs.
+        let image = testkit::vm::guest_image().join("rootfs/bin/busybox");
+        let ls = std::fs::read(image).unwrap();
+        let head = Command::new("head").args(["-c", "4096", "/bin/busybox"]);
         let out = sandbox.exec(&head).await.unwrap();
         assert_eq!(out.exit, ExitStatus::Code(0));
         assert_eq!(out.stdout, ls[..4096]);

@@ -1,6 +1,6 @@
 //! The test node's config: the few knobs tests turn, everything else small and fixed,
-//! rendered as sandboxd's TOML (process engine, the host's `/` as rootfs, real silkd);
-//! and the tokens it accepts.
+//! rendered as sandboxd's TOML (process engine over the guest image's busybox rootfs,
+//! real silkd); and the tokens it accepts.
 
 use std::path::{Path, PathBuf};
 
@@ -42,6 +42,12 @@ pub struct Setup {
     pub exec_extra: String,
     /// More TOML after everything else, e.g. an `[http]` table.
     pub tail: String,
+    /// `[process] allow_missing_cgroups`: with a `cgroup_root` that lacks controllers.
+    pub allow_missing_cgroups: bool,
+    /// `[sizes.small] disk_mib`: each writable tmpfs's size.
+    pub disk_mib: u64,
+    /// More `[process]` lines, verbatim (the isolation tests' opt-outs).
+    pub process_extra: String,
 }
 
 impl Default for Setup {
@@ -61,6 +67,9 @@ impl Default for Setup {
             cgroup_root: None,
             exec_extra: String::new(),
             tail: String::new(),
+            allow_missing_cgroups: false,
+            disk_mib: 64,
+            process_extra: String::new(),
         }
     }
 }
@@ -93,22 +102,25 @@ max_ttl_seconds = {mttl}
 boot_timeout_seconds = 10
 warmup_timeout_seconds = 10
 
-[templates.host]
-rootfs = "/"
+[templates.base]
+rootfs = "{rootfs}"
 
 [sizes.small]
 cpus = 1
 memory_mib = 256
 max_pids = 256
+disk_mib = {disk_mib}
 
 [[pools]]
-template = "host"
+template = "base"
 size = "small"
 warm = {warm}
 warm_max = {warm_max}
 "#,
             data = data_dir.display(),
             silkd = bins::silkd().display(),
+            rootfs = crate::vm::guest_image().join("rootfs").display(),
+            disk_mib = self.disk_mib,
             max_claims = self.max_claims,
             dttl = self.default_ttl_seconds,
             mttl = self.max_ttl_seconds,
@@ -122,12 +134,14 @@ warm_max = {warm_max}
             "\n[exec]\nmax_output_bytes = {}\nmemory_budget_bytes = {}\nmax_in_flight = {}\n{}\n",
             self.max_output_bytes, self.memory_budget_bytes, self.max_in_flight, self.exec_extra
         ));
+        t.push_str("\n[process]\n");
         if let Some(root) = &self.cgroup_root {
-            t.push_str(&format!(
-                "\n[process]\ncgroup_root = \"{}\"\n",
-                root.display()
-            ));
+            t.push_str(&format!("cgroup_root = \"{}\"\n", root.display()));
         }
+        if self.allow_missing_cgroups {
+            t.push_str("allow_missing_cgroups = true\n");
+        }
+        t.push_str(&self.process_extra);
         t.push_str(&format!(
             "\n[[tenants]]\nname = \"a\"\ntoken = \"{TENANT_A}\"\nmax_claims = {}\n\
              \n[[tenants]]\nname = \"b\"\ntoken = \"{TENANT_B}\"\nmax_claims = 1\n",

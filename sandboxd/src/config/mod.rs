@@ -137,6 +137,11 @@ pub struct SizeConfig {
     /// Process (and thread) limit.
     #[serde(default = "max_pids")]
     pub max_pids: u64,
+    /// Process engine: the size of each tmpfs a sandbox can write (`/home`, `/tmp`, `/run`,
+    /// `/dev/shm`); filling one gives the sandbox ENOSPC. Their pages also count against
+    /// `memory_mib`.
+    #[serde(default = "disk_mib")]
+    pub disk_mib: u64,
 }
 
 /// One `[[pools]]` entry.
@@ -246,6 +251,29 @@ pub struct ProcessConfig {
     /// Where the cgroup hierarchies are mounted.
     #[serde(default = "cgroup_root")]
     pub cgroup_root: PathBuf,
+    /// First host uid (and gid) of the range sandboxes run under when sandboxd is root:
+    /// one per sandbox, owning nothing on the host. Far above any real user's.
+    #[serde(default = "uid_base")]
+    pub uid_base: u32,
+    /// How many uids the range holds (so at most this many sandboxes at once).
+    #[serde(default = "uid_count")]
+    pub uid_count: u32,
+    /// UNSAFE: accept a template rootfs that contains the node's own files (`/`, or any
+    /// tree holding `data_dir` or the config file): sandboxes can then read them.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub unsafe_host_rootfs: bool,
+    /// UNSAFE: start sandboxes even when cpu, memory or pids limits cannot all be applied
+    /// (listed in `/v1/info` warnings); one sandbox can then starve the node.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub allow_missing_cgroups: bool,
+    /// UNSAFE, for measuring only: no seccomp filter, so sandboxes may call every syscall
+    /// (new user namespaces, keyring, bpf, io_uring...).
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub unsafe_no_seccomp: bool,
+    /// UNSAFE, for measuring only: every sandbox runs as sandboxd's own user (root when
+    /// sandboxd is root) instead of a uid of its own from `uid_base`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub unsafe_no_identity: bool,
 }
 
 impl Default for ProcessConfig {
@@ -253,7 +281,28 @@ impl Default for ProcessConfig {
         ProcessConfig {
             bwrap: bwrap(),
             cgroup_root: cgroup_root(),
+            uid_base: uid_base(),
+            uid_count: uid_count(),
+            unsafe_host_rootfs: false,
+            allow_missing_cgroups: false,
+            unsafe_no_seccomp: false,
+            unsafe_no_identity: false,
         }
+    }
+}
+
+impl ProcessConfig {
+    /// The opt-outs that are on, by key name, for logs and `/v1/info` warnings.
+    pub fn weakened(&self) -> Vec<&'static str> {
+        [
+            ("unsafe_host_rootfs", self.unsafe_host_rootfs),
+            ("allow_missing_cgroups", self.allow_missing_cgroups),
+            ("unsafe_no_seccomp", self.unsafe_no_seccomp),
+            ("unsafe_no_identity", self.unsafe_no_identity),
+        ]
+        .into_iter()
+        .filter_map(|(name, on)| on.then_some(name))
+        .collect()
     }
 }
 
@@ -277,6 +326,21 @@ fn warmup_timeout() -> u64 {
 }
 fn max_pids() -> u64 {
     512
+}
+fn disk_mib() -> u64 {
+    512
+}
+fn uid_base() -> u32 {
+    // Far above login users (1000+), systemd's dynamic users (61184-65519) and the
+    // subordinate ranges useradd hands out (100000+, 65536 each), and below 2^31 - 1 so
+    // no tool that treats uids as signed 32-bit numbers sees a negative one.
+    2_000_000_000
+}
+fn uid_count() -> u32 {
+    65_536
+}
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 fn warm_max() -> u32 {
     8
@@ -428,6 +492,9 @@ impl Config {
                 );
             }
         }
+        for (name, t) in &config.templates {
+            config.check_rootfs_hides(name, &t.rootfs, path, "config file")?;
+        }
         Ok(config)
     }
 
@@ -528,7 +595,7 @@ mod tests {
         data_dir = "/tmp/sbx"
         api_token = "0123456789abcdef-root"
         [templates.host]
-        rootfs = "/"
+        rootfs = "/usr"
         [sizes.small]
         cpus = 1
         memory_mib = 256
@@ -564,7 +631,9 @@ mod tests {
             ("size = \"small\"", "size = \"large\""),
             ("listen = \"127.0.0.1:0\"", "listen = \"unix:rel/sock\""),
             ("cpus = 1", "cpus = 0"),
-            ("rootfs = \"/\"", "rootfs = \"/nonexistent\""),
+            ("rootfs = \"/usr\"", "rootfs = \"/nonexistent\""),
+            ("rootfs = \"/usr\"", "rootfs = \"usr\""),
+            ("memory_mib = 256", "memory_mib = 256\ndisk_mib = 0"),
             (
                 "api_token = \"0123456789abcdef-root\"",
                 "api_token = \"short\"",
@@ -575,6 +644,40 @@ mod tests {
         }
         let text = format!("{BASE}\nmax_ttl_seconds = 10\n");
         assert!(Config::parse(&text).is_err());
+    }
+
+    /// A rootfs holding the node's own files is refused, naming the opt-in; with the
+    /// opt-in it is accepted.
+    #[test]
+    fn a_rootfs_holding_the_node_is_refused_unless_opted_in() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let base = BASE.replace("/tmp/sbx", &data.display().to_string());
+        let tree = dir.path().display().to_string();
+        for rootfs in ["/", tree.as_str()] {
+            let text = base.replace("rootfs = \"/usr\"", &format!("rootfs = \"{rootfs}\""));
+            let err = Config::parse(&text).unwrap_err().to_string();
+            assert!(
+                err.contains("data_dir") && err.contains("unsafe_host_rootfs"),
+                "{err}"
+            );
+            let opted = format!("{text}\n[process]\nunsafe_host_rootfs = true\n");
+            let c = Config::parse(&opted).unwrap();
+            assert_eq!(c.process.weakened(), ["unsafe_host_rootfs"]);
+        }
+        // The config file inside the rootfs, data_dir elsewhere: refused at load.
+        let rootfs = dir.path().join("rootfs");
+        std::fs::create_dir_all(&rootfs).unwrap();
+        let file = rootfs.join("sandboxd.toml");
+        let text = BASE.replace(
+            "rootfs = \"/usr\"",
+            &format!("rootfs = \"{}\"", rootfs.display()),
+        );
+        std::fs::write(&file, &text).unwrap();
+        let err = Config::load(&file).unwrap_err().to_string();
+        assert!(err.contains("config file"), "{err}");
+        std::fs::write(dir.path().join("outside.toml"), &text).unwrap();
+        Config::load(&dir.path().join("outside.toml")).unwrap();
     }
 
     #[test]

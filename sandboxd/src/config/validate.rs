@@ -2,6 +2,7 @@
 //! `run`), and the pool-key and warm-target checks that `PUT /v1/pools` shares with it.
 
 use std::collections::HashSet;
+use std::path::{Path, PathBuf};
 
 use super::{Config, EngineKind};
 use crate::error::{Error, Result};
@@ -84,15 +85,13 @@ impl Config {
                     "template {name:?}: rootfs must be an absolute path"
                 ));
             }
-            // The process engine mounts its private /tmp, /run and /home over these.
-            for dir in ["tmp", "run", "home", "proc", "dev"] {
-                if !t.rootfs.join(dir).is_dir() {
-                    return bad(format!(
-                        "template {name:?}: {}/{dir} must exist",
-                        t.rootfs.display()
-                    ));
-                }
+            if !t.rootfs.is_dir() {
+                return bad(format!(
+                    "template {name:?}: rootfs {} is not a directory",
+                    t.rootfs.display()
+                ));
             }
+            self.check_rootfs_hides(name, &t.rootfs, &self.data_dir, "data_dir")?;
         }
         let q = &self.qemu;
         if q.uid_count < 2 || q.uid_base == 0 || q.uid_base.checked_add(q.uid_count).is_none() {
@@ -103,9 +102,9 @@ impl Config {
             ));
         }
         for (name, s) in &self.sizes {
-            if s.cpus == 0 || s.memory_mib == 0 || s.max_pids == 0 {
+            if s.cpus == 0 || s.memory_mib == 0 || s.max_pids == 0 || s.disk_mib == 0 {
                 return bad(format!(
-                    "size {name:?}: cpus, memory_mib and max_pids must be positive"
+                    "size {name:?}: cpus, memory_mib, max_pids and disk_mib must be positive"
                 ));
             }
         }
@@ -170,6 +169,35 @@ impl Config {
             .iter()
             .find(|p| p.template == template && p.size == size)
             .map_or_else(super::warm_max, |p| p.warm_max)
+    }
+
+    /// Errors when a process-engine template's rootfs holds `node_path` (the data dir, the
+    /// config file): every sandbox would see the node's own files, tokens included.
+    /// `[process] unsafe_host_rootfs = true` is the operator's explicit, loud opt-in.
+    pub(super) fn check_rootfs_hides(
+        &self,
+        template: &str,
+        rootfs: &Path,
+        node_path: &Path,
+        what: &str,
+    ) -> Result<()> {
+        if self.engine != EngineKind::Process || self.process.unsafe_host_rootfs {
+            return Ok(());
+        }
+        let (Some(tree), Some(inner)) = (real_path(rootfs), real_path(node_path)) else {
+            return Ok(());
+        };
+        if inner.starts_with(&tree) {
+            return Err(Error::Config(format!(
+                "template {template:?}: rootfs {} contains the node's {what} ({}), so every \
+                 sandbox could read it (tokens included); use an image's rootfs (cargo xtask \
+                 image builds target/images/base/rootfs), or set [process] \
+                 unsafe_host_rootfs = true to accept this",
+                rootfs.display(),
+                node_path.display()
+            )));
+        }
+        Ok(())
     }
 
     /// Errors unless both names are configured ([`Error::UnknownName`], a 400 on the API).
@@ -241,5 +269,19 @@ impl Config {
                 warm_max: p.warm_max,
             })
             .collect()
+    }
+}
+
+/// `path` with symlinks resolved; for a path that does not exist yet (a fresh data_dir),
+/// its nearest existing ancestor resolved plus the rest.
+fn real_path(path: &Path) -> Option<PathBuf> {
+    let mut rest = Vec::new();
+    let mut at = path;
+    loop {
+        if let Ok(real) = at.canonicalize() {
+            return Some(rest.iter().rev().fold(real, |p, c| p.join(c)));
+        }
+        rest.push(at.file_name()?);
+        at = at.parent()?;
     }
 }

@@ -231,6 +231,7 @@ mod tests {
             cpus: 2,
             memory_mib: 256,
             max_pids: 64,
+            disk_mib: 64,
         }
     }
 

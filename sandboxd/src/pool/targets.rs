@@ -120,7 +120,7 @@ mod tests {
             listen = "127.0.0.1:0"
             data_dir = "/tmp/x"
             [templates.host]
-            rootfs = "/"
+            rootfs = "/usr"
             [sizes.small]
             cpus = 1
             memory_mib = 64

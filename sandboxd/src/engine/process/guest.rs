@@ -32,6 +32,9 @@ pub(super) struct ProcessGuest {
     /// True once a supervisor owns bwrap (so `exited` will turn true).
     pub(super) supervised: AtomicBool,
     pub(super) destroyed: AtomicBool,
+    /// The host uid the sandbox runs as, returned to the range when the guest is dropped
+    /// (after teardown killed every process holding it).
+    pub(super) _identity: Option<crate::engine::identity::Identity>,
 }
 
 impl ProcessGuest {

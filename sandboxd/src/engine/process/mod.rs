@@ -1,12 +1,15 @@
-//! The `process` engine: each guest is silkd launched by bubblewrap in fresh mount, pid,
-//! uts, ipc and net namespaces (only `lo`), over the template's rootfs read-only, with a
-//! private `/tmp`, `/run` and `/home`, a writable work dir, no capabilities, no_new_privs,
-//! and a per-sandbox cgroup. The channel is a Unix socket in the sandbox's directory.
+//! The `process` engine: each guest is silkd launched by bubblewrap in fresh user, mount,
+//! pid, uts, ipc, net and cgroup namespaces (only `lo`), as an unprivileged host uid of its
+//! own, over the template's rootfs read-only, with size-capped tmpfs `/home`, `/tmp`,
+//! `/run` and `/dev/shm`, no capabilities, no_new_privs, a seccomp filter, and a
+//! per-sandbox cgroup with cpu, memory and pids limits. The channel is a Unix socket in
+//! the sandbox's directory, the only node object the sandbox can reach.
 //!
 //! This isolates much less than a VM: the guest shares the host kernel. Its "golden" is
 //! only the warmup run plus the stamp the pool layer writes; clones are cold starts.
 
 use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
@@ -21,39 +24,46 @@ use tokio::process::Command;
 use tokio::sync::watch;
 
 mod guest;
+mod jail;
+pub mod seccomp;
+mod silkd_files;
 
 use self::guest::ProcessGuest;
+use self::jail::{Inputs, Plan, INFO_FD, SECCOMP_FDS, SOCK_NAME, STAGE_MOUNT};
+use self::seccomp::Filters;
+use self::silkd_files::SilkdFiles;
 use super::cgroup::Cgroups;
+use super::identity::Identities;
 use super::{Engine, Fate, Guest, GuestSpec};
+use crate::config::ProcessConfig;
 use crate::error::{Error, Result};
 
-/// Inside the sandbox: the directory holding silkd's socket, and the socket.
-const SOCK_DIR: &str = "/run/silkd";
-const SOCK_NAME: &str = "silkd.sock";
-/// Inside the sandbox: silkd's binary, bound read-only so any rootfs can run it.
-const SILKD_IN_GUEST: &str = "/run/silkd.bin";
-/// Inside the sandbox: the writable work directory and HOME.
-const WORK_DIR: &str = "/home/sandbox";
 /// How long bwrap may take to report its child pid.
 const INFO_FD_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The engine; one per daemon.
 pub struct ProcessEngine {
     bwrap: PathBuf,
-    silkd: PathBuf,
+    silkd: SilkdFiles,
     sandboxes_dir: PathBuf,
     boot_timeout: Duration,
     cgroups: Cgroups,
+    /// `None` when sandboxd cannot switch users or `unsafe_no_identity` is set.
+    identities: Option<Arc<Identities>>,
+    /// `None` under `unsafe_no_seccomp`.
+    seccomp: Option<Filters>,
+    /// Opt-outs in force, said in `/v1/info`.
+    weakened: Vec<String>,
 }
 
 impl ProcessEngine {
-    /// Sets up the engine: checks the binaries, probes cgroups, and clears what an earlier
+    /// Sets up the engine: checks the binaries, compiles the seccomp filter, probes cgroups
+    /// (every limit must apply unless `allow_missing_cgroups`), and clears what an earlier
     /// run may have left (sandbox directories, cgroups with processes in them).
     pub fn new(
-        bwrap: PathBuf,
+        config: &ProcessConfig,
         silkd: PathBuf,
         data_dir: &Path,
-        cgroup_root: &Path,
         boot_timeout: Duration,
     ) -> Result<ProcessEngine> {
         if !silkd.is_file() {
@@ -62,11 +72,35 @@ impl ProcessEngine {
                 silkd.display()
             )));
         }
+        let silkd = SilkdFiles::resolve(&silkd)?;
+        let seccomp = (!config.unsafe_no_seccomp)
+            .then(Filters::compile)
+            .transpose()?;
+        let identities = Identities::new(config.uid_base, config.uid_count);
+        let identities =
+            (identities.switching() && !config.unsafe_no_identity).then_some(identities);
+        if identities.is_some() {
+            std::fs::create_dir_all(STAGE_MOUNT)
+                .and_then(|()| {
+                    std::fs::set_permissions(STAGE_MOUNT, std::fs::Permissions::from_mode(0o755))
+                })
+                .map_err(Error::io(format!("creating {STAGE_MOUNT}")))?;
+        }
         let sandboxes_dir = data_dir.join("sandboxes");
         // One cgroup group per data_dir: stale-group cleanup stays within this daemon's.
         let instance =
             hex::encode(&sha2::Sha256::digest(data_dir.as_os_str().as_encoded_bytes())[..6]);
-        let cgroups = Cgroups::probe(cgroup_root, &instance);
+        let cgroups = Cgroups::probe(&config.cgroup_root, &instance);
+        if !cgroups.warnings().is_empty() && !config.allow_missing_cgroups {
+            cgroups.remove_parents();
+            return Err(Error::Engine(format!(
+                "process engine: refusing to start sandboxes without every cgroup limit: {}. \
+                 Fix the host's cgroups (docs/deploy.md), or set [process] \
+                 allow_missing_cgroups = true to run without them (one sandbox can then \
+                 starve the node)",
+                cgroups.warnings().join("; ")
+            )));
+        }
         cgroups.remove_stale();
         if sandboxes_dir.exists() {
             std::fs::remove_dir_all(&sandboxes_dir)
@@ -74,88 +108,68 @@ impl ProcessEngine {
         }
         std::fs::create_dir_all(&sandboxes_dir)
             .map_err(Error::io(format!("creating {}", sandboxes_dir.display())))?;
+        std::fs::set_permissions(&sandboxes_dir, std::fs::Permissions::from_mode(0o700))
+            .map_err(Error::io(format!("chmod {}", sandboxes_dir.display())))?;
         for w in cgroups.warnings() {
             tracing::warn!("process engine: {w}");
         }
+        let mut weakened: Vec<String> = config
+            .weakened()
+            .into_iter()
+            .map(|key| format!("process engine: [process] {key} is set, weakening isolation"))
+            .collect();
+        if identities.is_none() && !config.unsafe_no_identity {
+            weakened.push(
+                "process engine: sandboxd is not root, so every sandbox runs as its user".into(),
+            );
+        }
+        for w in &weakened {
+            tracing::warn!("{w}");
+        }
         Ok(ProcessEngine {
-            bwrap,
+            bwrap: config.bwrap.clone(),
             silkd,
             sandboxes_dir,
             boot_timeout,
             cgroups,
+            identities,
+            seccomp,
+            weakened,
         })
-    }
-
-    /// bwrap's arguments for one sandbox, up to and including silkd's.
-    fn bwrap_args(&self, rootfs: &Path, dir: &Path, id: &str) -> Vec<std::ffi::OsString> {
-        let mut args: Vec<std::ffi::OsString> = Vec::new();
-        let mut push = |items: &[&std::ffi::OsStr]| args.extend(items.iter().map(|s| s.into()));
-        let os = |s: &'static str| std::ffi::OsStr::new(s);
-        push(&[
-            os("--die-with-parent"),
-            os("--new-session"),
-            os("--unshare-all"),
-            os("--cap-drop"),
-            os("ALL"),
-            os("--ro-bind"),
-            rootfs.as_os_str(),
-            os("/"),
-            os("--proc"),
-            os("/proc"),
-            os("--dev"),
-            os("/dev"),
-            os("--tmpfs"),
-            os("/tmp"),
-            os("--tmpfs"),
-            os("/run"),
-            os("--tmpfs"),
-            os("/home"),
-            os("--bind"),
-        ]);
-        let sock = dir.join("sock");
-        let work = dir.join("work");
-        let hostname = format!("sbx-{}", &id[..id.len().min(12)]);
-        push(&[
-            sock.as_os_str(),
-            os(SOCK_DIR),
-            os("--bind"),
-            work.as_os_str(),
-        ]);
-        push(&[
-            os(WORK_DIR),
-            os("--ro-bind"),
-            self.silkd.as_os_str(),
-            os(SILKD_IN_GUEST),
-        ]);
-        push(&[
-            os("--hostname"),
-            std::ffi::OsStr::new(&hostname),
-            os("--chdir"),
-            os(WORK_DIR),
-            os("--setenv"),
-            os("HOME"),
-            os(WORK_DIR),
-            os("--info-fd"),
-            os("3"),
-            os("--"),
-            os(SILKD_IN_GUEST),
-            os("--listen"),
-        ]);
-        args.push(format!("unix:{SOCK_DIR}/{SOCK_NAME}").into());
-        args
     }
 
     async fn launch(&self, spec: &GuestSpec) -> Result<Arc<dyn Guest>> {
         let id = random_id();
         let dir = self.sandboxes_dir.join(&id);
-        for sub in ["sock", "work"] {
-            std::fs::create_dir_all(dir.join(sub))
-                .map_err(Error::io(format!("creating {}", dir.display())))?;
+        let identity = self.identities.as_ref().map(|ids| ids.take()).transpose()?;
+        let io = |what: &str| Error::io(format!("{what} {}", dir.display()));
+        std::fs::create_dir(&dir).map_err(io("creating"))?;
+        let sock = dir.join("sock");
+        std::fs::create_dir(&sock).map_err(io("creating sock in"))?;
+        if let Some(who) = &identity {
+            // The socket directory is the one node path the sandbox writes: its own.
+            nix::unistd::chown(
+                &sock,
+                Some(nix::unistd::Uid::from_raw(who.uid())),
+                Some(nix::unistd::Gid::from_raw(who.gid())),
+            )
+            .map_err(|e| Error::Engine(format!("chown {}: {e}", sock.display())))?;
         }
+        std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o700))
+            .map_err(io("chmod sock in"))?;
         let (exited_tx, exited) = watch::channel(false);
+        let plan = Plan::new(&Inputs {
+            id: &id,
+            dir: &dir,
+            rootfs: &spec.template_config.rootfs,
+            silkd: &self.silkd,
+            tmpfs_bytes: spec.size_config.disk_mib * 1024 * 1024,
+            identity: identity.as_ref().map(|i| (i.uid(), i.gid())),
+            seccomp: self.seccomp.is_some(),
+        });
         let guest = ProcessGuest {
             id: id.clone(),
-            socket: dir.join("sock").join(SOCK_NAME),
+            socket: sock.join(SOCK_NAME),
             dir: dir.clone(),
             cgroup: Mutex::new(None),
             pids: Mutex::new((None, None)),
@@ -163,8 +177,15 @@ impl ProcessEngine {
             exited,
             supervised: AtomicBool::new(false),
             destroyed: AtomicBool::new(false),
+            _identity: identity,
         };
         // From here on, dropping `guest` on an error path kills whatever was started.
+        let plan = plan.map_err(|e| {
+            Error::Engine(format!(
+                "reading rootfs {}: {e}",
+                spec.template_config.rootfs.display()
+            ))
+        })?;
         let (cgroup, procs) = self
             .cgroups
             .create(&id, &spec.size_config)
@@ -175,20 +196,29 @@ impl ProcessEngine {
             .map_err(Error::io(format!("creating {}/log", dir.display())))?;
         let (info_read, info_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| Error::Engine(format!("pipe: {e}")))?;
+        let seccomp_fds = match &self.seccomp {
+            Some(f) => f.memfds().map_err(Error::io("seccomp memfd"))?,
+            None => Vec::new(),
+        };
+        // Above every fd number the child dup2s onto, so no dup2 clobbers a later source.
+        let info_write = above_targets(info_write)?;
+        let seccomp_fds = seccomp_fds
+            .into_iter()
+            .map(above_targets)
+            .collect::<Result<Vec<_>>>()?;
         let mut cmd = std::process::Command::new(&self.bwrap);
-        cmd.args(self.bwrap_args(&spec.template_config.rootfs, &dir, &id))
+        cmd.args(&plan.args)
             .env_clear()
-            .env(
-                "PATH",
-                "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-            )
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone().map_err(Error::io("dup log"))?)
             .stderr(log);
         let info_fd = info_write.as_raw_fd();
+        let seccomp_raw: Vec<i32> = seccomp_fds.iter().map(|f| f.as_raw_fd()).collect();
         let procs_fds: Vec<i32> = procs.iter().map(|f| f.as_raw_fd()).collect();
-        // SAFETY: between fork and exec only async-signal-safe calls (write, dup2) run,
-        // on fds opened before the fork; nothing allocates.
+        let stage = plan.stage;
+        // SAFETY: between fork and exec only async-signal-safe calls (write, dup2, and the
+        // stage's raw syscalls) run, on fds and C strings made before the fork; nothing
+        // allocates.
         unsafe {
             cmd.pre_exec(move || {
                 // Join the sandbox's cgroups before bwrap forks, so every process it
@@ -198,8 +228,17 @@ impl ProcessEngine {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
-                if libc::dup2(info_fd, 3) != 3 {
-                    return Err(std::io::Error::last_os_error());
+                for (from, to) in std::iter::once(&info_fd)
+                    .zip([INFO_FD])
+                    .chain(seccomp_raw.iter().zip(SECCOMP_FDS))
+                {
+                    if libc::dup2(*from, to) != to {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                // Last: staging needs root, and after it the child is the sandbox's uid.
+                if let Some(stage) = &stage {
+                    stage.enter()?;
                 }
                 Ok(())
             });
@@ -209,6 +248,7 @@ impl ProcessEngine {
             .spawn()
             .map_err(|e| Error::Engine(format!("spawning {}: {e}", self.bwrap.display())))?;
         drop(info_write);
+        drop(seccomp_fds);
         drop(procs);
         guest.pids.lock().expect("pids lock").0 = child.id().map(|p| p as i32);
         guest.supervise(child, exited_tx);
@@ -224,9 +264,18 @@ impl ProcessEngine {
     }
 }
 
+/// `fd` moved to a number above the ones the child dup2s onto.
+fn above_targets(fd: OwnedFd) -> Result<OwnedFd> {
+    let high = nix::fcntl::fcntl(fd.as_raw_fd(), nix::fcntl::FcntlArg::F_DUPFD_CLOEXEC(10))
+        .map_err(|e| Error::Engine(format!("dup: {e}")))?;
+    // SAFETY: fcntl just returned this fd, and nothing else owns it.
+    Ok(unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(high) })
+}
+
 impl Engine for ProcessEngine {
     fn info(&self) -> api::EngineInfo {
         let mut warnings = self.cgroups.warnings().to_vec();
+        warnings.extend(self.weakened.iter().cloned());
         warnings.push(
             "process engine: sandboxes share the host kernel and isolate much less than VMs".into(),
         );
@@ -238,8 +287,8 @@ impl Engine for ProcessEngine {
     }
 
     fn golden_inputs(&self, spec: &GuestSpec) -> Result<String> {
-        let meta = std::fs::metadata(&self.silkd)
-            .map_err(Error::io(format!("stat {}", self.silkd.display())))?;
+        let meta = std::fs::metadata(&self.silkd.binary)
+            .map_err(Error::io(format!("stat {}", self.silkd.binary.display())))?;
         let mtime = meta
             .modified()
             .ok()
@@ -249,7 +298,7 @@ impl Engine for ProcessEngine {
         Ok(format!(
             "bwrap={} silkd={} silkd_len={} silkd_mtime={mtime} rootfs={}",
             self.bwrap.display(),
-            self.silkd.display(),
+            self.silkd.binary.display(),
             meta.len(),
             spec.template_config.rootfs.display()
         ))

@@ -408,6 +408,8 @@ fn cgroup_limits(boot: &Boot<'_>, accel: Accel) -> SizeConfig {
         cpus: boot.cpus,
         memory_mib: boot.memory_mib + QEMU_OVERHEAD_MIB + tcg,
         max_pids: QEMU_MAX_PIDS,
+        // Only the process engine's tmpfs use it; a cgroup has no disk limit.
+        disk_mib: 0,
     }
 }
 
