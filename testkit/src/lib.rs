@@ -20,6 +20,8 @@
 //! - [`silkd`]: a real silkd on a Unix socket and a frame client for it.
 //! - [`sdk`]: the SDK tests' daemon and what runs in a sandbox, asked through the SDK.
 //! - [`vm`]: what the VM tests need from the host (QEMU, the guest image).
+//! - [`leftovers`]: counting a process-engine daemon's processes, sandbox dirs, sockets
+//!   and cgroups before and after an attack.
 #![deny(missing_docs)]
 
 pub mod bins;
@@ -28,6 +30,7 @@ pub mod guard;
 pub mod host;
 pub mod hostile;
 pub mod http;
+pub mod leftovers;
 pub mod procs;
 pub mod relay;
 pub mod sdk;

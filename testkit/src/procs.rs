@@ -100,7 +100,8 @@ pub fn group_members(pgid: u32) -> Vec<u32> {
         .collect()
 }
 
-fn pids() -> impl Iterator<Item = u32> {
+/// Every pid in `/proc`.
+pub fn pids() -> impl Iterator<Item = u32> {
     std::fs::read_dir("/proc")
         .expect("/proc")
         .flatten()

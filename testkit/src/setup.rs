@@ -48,6 +48,8 @@ pub struct Setup {
     pub disk_mib: u64,
     /// More `[process]` lines, verbatim (the isolation tests' opt-outs).
     pub process_extra: String,
+    /// The template's rootfs; the guest image's `rootfs/` when absent.
+    pub rootfs: Option<PathBuf>,
 }
 
 impl Default for Setup {
@@ -70,6 +72,7 @@ impl Default for Setup {
             allow_missing_cgroups: false,
             disk_mib: 64,
             process_extra: String::new(),
+            rootfs: None,
         }
     }
 }
@@ -119,7 +122,11 @@ warm_max = {warm_max}
 "#,
             data = data_dir.display(),
             silkd = bins::silkd().display(),
-            rootfs = crate::vm::guest_image().join("rootfs").display(),
+            rootfs = self
+                .rootfs
+                .clone()
+                .unwrap_or_else(|| crate::vm::guest_image().join("rootfs"))
+                .display(),
             disk_mib = self.disk_mib,
             max_claims = self.max_claims,
             dttl = self.default_ttl_seconds,
@@ -134,7 +141,12 @@ warm_max = {warm_max}
             "\n[exec]\nmax_output_bytes = {}\nmemory_budget_bytes = {}\nmax_in_flight = {}\n{}\n",
             self.max_output_bytes, self.memory_budget_bytes, self.max_in_flight, self.exec_extra
         ));
-        t.push_str("\n[process]\n");
+        let uids = uid_range(data_dir);
+        t.push_str(&format!(
+            "\n[process]\nuid_base = {}\nuid_count = {}\n",
+            uids.start,
+            uids.end - uids.start
+        ));
         if let Some(root) = &self.cgroup_root {
             t.push_str(&format!("cgroup_root = \"{}\"\n", root.display()));
         }
@@ -150,6 +162,17 @@ warm_max = {warm_max}
         t.push_str(&format!("\n{}\n", self.tail));
         t
     }
+}
+
+/// The sandbox uids of the test daemon whose data dir is `data_dir`: a range of its own
+/// (picked from the path), so that tests running side by side never share a uid and a
+/// test can tell its own sandboxes' processes by uid.
+pub fn uid_range(data_dir: &Path) -> std::ops::Range<u32> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    data_dir.hash(&mut h);
+    let start = 2_000_000_000 + (h.finish() % 16_384) as u32 * 1024;
+    start..start + 1024
 }
 
 /// How a test daemon listens.
