@@ -18,8 +18,8 @@ pub const URL: &str = "http://127.0.0.1:7777";
 pub enum Engine {
     /// VMs booted from this guest image directory.
     Qemu { image: PathBuf },
-    /// bubblewrap namespaces over the host's own `/`.
-    Process,
+    /// bubblewrap namespaces over this guest image's `rootfs/` (never the host's `/`).
+    Process { image: PathBuf },
 }
 
 /// Everything the config depends on.
@@ -37,11 +37,17 @@ pub fn render(node: &Node) -> String {
             "qemu",
             format!("[templates.base]\nimage = {}\n", quoted(image)),
         ),
-        Engine::Process => ("process", "[templates.host]\nrootfs = \"/\"\n".to_string()),
+        Engine::Process { image } => (
+            "process",
+            format!(
+                "[templates.base]\nrootfs = {}\n",
+                quoted(image.join("rootfs"))
+            ),
+        ),
     };
-    let (pool_template, memory_mib) = match node.engine {
-        Engine::Qemu { .. } => ("base", 256),
-        Engine::Process => ("host", 512),
+    let memory_mib = match node.engine {
+        Engine::Qemu { .. } => 256,
+        Engine::Process { .. } => 512,
     };
     format!(
         "# Written by `cargo xtask up` on every run; edit xtask/src/up/config.rs instead.\n\
@@ -59,7 +65,7 @@ pub fn render(node: &Node) -> String {
          memory_mib = {memory_mib}\n\
          \n\
          [[pools]]\n\
-         template = \"{pool_template}\"\n\
+         template = \"base\"\n\
          size = \"small\"\n\
          warm = 2\n",
         data_dir = quoted(node.data_dir),
@@ -152,7 +158,7 @@ mod tests {
     fn both_configs_pass_sandboxds_own_validation() {
         let dir = tempfile::tempdir().unwrap();
         let image = dir.path().join("image \"quoted\"");
-        fs::create_dir_all(&image).unwrap();
+        fs::create_dir_all(image.join("rootfs")).unwrap();
         for file in ["vmlinuz", "initramfs.cpio.gz", "manifest.json"] {
             fs::write(image.join(file), b"").unwrap();
         }
@@ -165,7 +171,12 @@ mod tests {
                 },
                 "base",
             ),
-            (Engine::Process, "host"),
+            (
+                Engine::Process {
+                    image: image.clone(),
+                },
+                "base",
+            ),
         ] {
             let text = render(&Node {
                 engine: &engine,
@@ -180,7 +191,7 @@ mod tests {
             );
             let kind = match engine {
                 Engine::Qemu { .. } => "qemu",
-                Engine::Process => "process",
+                Engine::Process { .. } => "process",
             };
             assert_eq!(config.engine.as_str(), kind);
             assert_eq!(config.data_dir, data_dir);
@@ -199,8 +210,10 @@ mod tests {
                     );
                     assert_eq!(size.memory_mib, 256);
                 }
-                Engine::Process => {
-                    assert_eq!(config.templates["host"].rootfs, Path::new("/"));
+                Engine::Process { .. } => {
+                    assert_eq!(config.templates["base"].rootfs, image.join("rootfs"));
+                    assert!(!config.process.unsafe_host_rootfs);
+                    assert!(!text.contains("unsafe"), "{text}");
                 }
             }
         }

@@ -1,7 +1,7 @@
 //! `cargo xtask up`: a working node from a fresh clone in one command. System packages
-//! (`deps`, as root), release sandboxd/silkd/sbx, the guest image when QEMU runs, the engine
-//! chosen and said aloud, the node's config and token under `target/up/`, `sbx`
-//! configured and on PATH; then this process becomes sandboxd, in the foreground, so
+//! (`deps`, as root), release sandboxd/silkd/sbx, the guest image (VMs boot it; the
+//! process engine uses its rootfs), the engine chosen and said aloud, the node's config
+//! and token under `target/up/`, `sbx` configured and on PATH; then this process becomes sandboxd, in the foreground, so
 //! Ctrl-C or SIGTERM reaches it directly and it shuts down cleanly.
 
 pub mod config;
@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Instant;
 
 use crate::deps::{self, Need};
-use crate::{error_chain, image, tool, workspace_root, Error, Result};
+use crate::{image, tool, workspace_root, Error, Result};
 use config::{Engine, Node};
 
 /// One progress line on stderr.
@@ -103,41 +103,41 @@ pub fn run() -> Result<()> {
     })
 }
 
-/// `qemu` when QEMU runs and the guest image builds; else `process`, which needs bwrap.
-/// Either way the choice and its reason are printed.
+/// Builds the guest image (both engines need it: VMs boot it, the process engine uses its
+/// `rootfs/`, never this machine's own `/`), then picks `qemu` when QEMU runs, else
+/// `process`, which needs bwrap. Either way the choice and its reason are printed.
 fn choose_engine() -> Result<Engine> {
+    let args = image::Args::default();
+    let manifest = image::build(&args)?;
     let why_not = match deps::qemu_version() {
         None => format!("{} does not run", deps::QEMU),
         Some(v) if v < deps::QEMU_OLDEST => {
             format!("QEMU {v} is older than {}", deps::QEMU_OLDEST)
         }
         Some(v) => {
-            let args = image::Args::default();
-            match image::build(&args) {
-                Ok(manifest) => {
-                    let accel = if Path::new("/dev/kvm").exists() {
-                        "KVM when it boots a guest, else TCG"
-                    } else {
-                        "TCG (no /dev/kvm: software emulation, slow)"
-                    };
-                    say(&format!(
-                        "ENGINE: qemu — QEMU {v} runs and the guest image is at {} \
-                         (kernel {}); VMs use {accel}",
-                        args.out.display(),
-                        manifest.kernel.release
-                    ));
-                    return Ok(Engine::Qemu { image: args.out });
-                }
-                Err(e) => format!("the guest image did not build: {}", error_chain(&e)),
-            }
+            let accel = if Path::new("/dev/kvm").exists() {
+                "KVM when it boots a guest, else TCG"
+            } else {
+                "TCG (no /dev/kvm: software emulation, slow)"
+            };
+            say(&format!(
+                "ENGINE: qemu — QEMU {v} runs and the guest image is at {} (kernel {}); \
+                 VMs use {accel}",
+                args.out.display(),
+                manifest.kernel.release
+            ));
+            return Ok(Engine::Qemu { image: args.out });
         }
     };
     tool::require(&["bwrap"])?;
     say(&format!(
-        "ENGINE: process — {why_not}; sandboxes are bubblewrap namespaces over this \
-         machine's own / (read-only), which isolates much less than a VM"
+        "ENGINE: process — {why_not}; sandboxes are bubblewrap namespaces over the guest \
+         image's rootfs ({}/rootfs, read-only), each as its own unprivileged uid with \
+         seccomp and cgroup limits; they share this machine's kernel, which isolates much \
+         less than a VM",
+        args.out.display()
     ));
-    Ok(Engine::Process)
+    Ok(Engine::Process { image: args.out })
 }
 
 /// Copies `sbx` into `$CARGO_HOME/bin` (a Rust user has it on PATH), through a temporary
@@ -173,7 +173,7 @@ fn print_usage(engine: &Engine, token_file: &Path) {
         Engine::Qemu { .. } => {
             "the first claims wait for the pool's golden VM to boot and be snapshotted"
         }
-        Engine::Process => "the first claims wait for the pool's golden sandbox",
+        Engine::Process { .. } => "the first claims wait for the pool's golden sandbox",
     };
     let url = config::URL;
     let token = token_file.display();
