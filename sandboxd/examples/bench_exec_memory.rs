@@ -114,14 +114,14 @@ data_dir = "{data}"
 api_token = "{ROOT}"
 silkd_path = "{silkd}"
 max_claims = 64
-[templates.host]
-rootfs = "/"
+[templates.base]
+rootfs = "{rootfs}"
 [sizes.bench]
 cpus = 2
 memory_mib = 2048
 max_pids = 4096
 [[pools]]
-template = "host"
+template = "base"
 size = "bench"
 warm = 4
 warm_max = 8
@@ -132,6 +132,7 @@ max_in_flight = 256
 "#,
         data = data.path().display(),
         silkd = bin.join("silkd").display(),
+        rootfs = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/images/base/rootfs"),
     );
     let config_path = data.path().join("sandboxd.toml");
     std::fs::write(&config_path, config).map_err(|e| e.to_string())?;

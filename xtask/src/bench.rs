@@ -15,6 +15,9 @@ pub enum Bench {
     ExecMemory,
     /// Real VMs through sandboxd (qemu engine); builds the guest image first.
     Vm,
+    /// The process engine's exec round trip with and without its seccomp filter and
+    /// per-sandbox identity (as root); builds the guest image first.
+    Isolation,
     /// Any name that is not a known benchmark.
     #[command(external_subcommand)]
     Unknown(Vec<String>),
@@ -38,7 +41,28 @@ pub fn run(which: Bench) -> Result<()> {
                     .current_dir(&root),
             )
         }
-        Bench::ExecMemory => run_example("bench exec-memory", "bench_exec_memory"),
+        Bench::ExecMemory => {
+            image::run(&image::Args::default())?;
+            run_example("bench exec-memory", "bench_exec_memory")
+        }
+        Bench::Isolation => {
+            image::run(&image::Args::default())?;
+            tool::stream(
+                "build",
+                tool::cargo()
+                    .args([
+                        "build",
+                        "--release",
+                        "-p",
+                        "silkd",
+                        "-p",
+                        "sandboxd",
+                        "--bins",
+                    ])
+                    .current_dir(&root),
+            )?;
+            run_example("bench isolation", "bench_isolation")
+        }
         Bench::Vm => {
             image::run(&image::Args::default())?;
             run_example("bench vm", "bench_vm")
