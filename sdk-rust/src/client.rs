@@ -49,7 +49,7 @@ impl std::fmt::Debug for Client {
 /// use std::time::Duration;
 /// use sandbox_sdk::ClaimOptions;
 ///
-/// let opts = ClaimOptions::new().template("host").size("small").ttl(Duration::from_secs(600));
+/// let opts = ClaimOptions::new().template("base").size("small").ttl(Duration::from_secs(600));
 /// ```
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ClaimOptions {

@@ -644,6 +644,15 @@ mod tests {
         }
         let text = format!("{BASE}\nmax_ttl_seconds = 10\n");
         assert!(Config::parse(&text).is_err());
+        for range in [
+            "uid_base = 0",
+            "uid_count = 0",
+            "uid_base = 4294967000\nuid_count = 65536",
+        ] {
+            let text = format!("{BASE}\n[process]\n{range}\n");
+            let err = Config::parse(&text).unwrap_err().to_string();
+            assert!(err.contains("uid_base"), "{range}: {err}");
+        }
     }
 
     /// A rootfs holding the node's own files is refused, naming the opt-in; with the

@@ -101,6 +101,18 @@ impl Config {
                 q.uid_base, q.uid_count
             ));
         }
+        let p = &self.process;
+        // uid 0 would make sandboxes root on the host; u32::MAX is "no uid" to the kernel.
+        if p.uid_base == 0
+            || p.uid_count == 0
+            || u64::from(p.uid_base) + u64::from(p.uid_count) > u64::from(u32::MAX)
+        {
+            return bad(format!(
+                "[process] uid_base {} and uid_count {} must give a non-empty range of \
+                 uids above 0 and below 4294967295",
+                p.uid_base, p.uid_count
+            ));
+        }
         for (name, s) in &self.sizes {
             if s.cpus == 0 || s.memory_mib == 0 || s.max_pids == 0 || s.disk_mib == 0 {
                 return bad(format!(
