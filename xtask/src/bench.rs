@@ -99,11 +99,11 @@ mod tests {
 
     #[test]
     fn names_are_the_documented_ones_and_others_are_refused() {
-        assert_eq!(known(), ["exec", "exec-memory", "vm"]);
+        assert_eq!(known(), ["exec", "exec-memory", "vm", "isolation"]);
         let err = run(Bench::Unknown(vec!["nope".into()])).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown benchmark `nope`; known benchmarks: exec, exec-memory, vm"
+            "unknown benchmark `nope`; known benchmarks: exec, exec-memory, vm, isolation"
         );
     }
 }
