@@ -246,7 +246,9 @@ mod tests {
         fs::write(&path, "old").unwrap();
         fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
         let node = Node {
-            engine: &Engine::Process,
+            engine: &Engine::Process {
+                image: dir.path().join("image"),
+            },
             data_dir: &dir.path().join("data"),
             silkd: &dir.path().join("silkd"),
             token: TOKEN,
