@@ -1,7 +1,9 @@
 //! Framing: `u32` big-endian length, then that many bytes of MessagePack.
 //!
 //! The cap is checked on the length prefix, before any buffer grows, so a peer announcing
-//! 4 GiB costs nothing. "Need more bytes" is `Ok(None)`, never an error.
+//! 4 GiB costs nothing; a whole body then passes the shape check ([`crate::shape`]) before
+//! MessagePack decodes it, so what it decodes into is bounded too. "Need more bytes" is
+//! `Ok(None)`, never an error.
 
 use std::marker::PhantomData;
 
@@ -9,7 +11,7 @@ use bytes::{Buf, BufMut, BytesMut};
 use serde::{de::DeserializeOwned, Serialize};
 use tokio_util::codec::{Decoder, Encoder};
 
-use crate::{Error, Request, Response};
+use crate::{shape, Error, Request, Response};
 
 /// Largest frame body accepted or produced: 8 MiB.
 pub const MAX_FRAME: usize = 8 * 1024 * 1024;
@@ -18,6 +20,8 @@ const PREFIX: usize = 4;
 
 /// A codec that decodes `In` frames and encodes `Out` frames.
 pub struct FrameCodec<In, Out> {
+    max: usize,
+    last_len: usize,
     _marker: PhantomData<fn(Out) -> In>,
 }
 
@@ -27,11 +31,27 @@ pub type HostCodec = FrameCodec<Response, Request>;
 pub type GuestCodec = FrameCodec<Request, Response>;
 
 impl<In, Out> FrameCodec<In, Out> {
-    /// A new codec; it holds no state between frames.
+    /// A new codec with the [`MAX_FRAME`] cap.
     pub fn new() -> Self {
         FrameCodec {
+            max: MAX_FRAME,
+            last_len: 0,
             _marker: PhantomData,
         }
+    }
+
+    /// Lowers the cap on decoded frames to `max` bytes (never above [`MAX_FRAME`]): a
+    /// reader that knows its peer only sends small frames holds at most that much per
+    /// frame. Encoding keeps the [`MAX_FRAME`] cap.
+    pub fn with_max(mut self, max: usize) -> Self {
+        self.max = max.min(MAX_FRAME);
+        self
+    }
+
+    /// Bytes the last decoded frame took on the wire, its prefix included: what a reader
+    /// counts when it charges a peer for frames rather than for their payload.
+    pub fn last_frame_len(&self) -> usize {
+        self.last_len
     }
 }
 
@@ -46,7 +66,7 @@ impl<In: DeserializeOwned, Out> Decoder for FrameCodec<In, Out> {
     type Error = Error;
 
     fn decode(&mut self, src: &mut BytesMut) -> Result<Option<In>, Error> {
-        let Some(len) = frame_len(src)? else {
+        let Some(len) = frame_len(src, self.max)? else {
             return Ok(None);
         };
         if src.len() < PREFIX + len {
@@ -55,6 +75,8 @@ impl<In: DeserializeOwned, Out> Decoder for FrameCodec<In, Out> {
         }
         src.advance(PREFIX);
         let body = src.split_to(len);
+        self.last_len = PREFIX + len;
+        shape::check(&body)?;
         rmp_serde::from_slice(&body)
             .map(Some)
             .map_err(|e| Error::Malformed(e.to_string()))
@@ -84,16 +106,16 @@ impl<In, Out: Serialize> Encoder<Out> for FrameCodec<In, Out> {
     }
 }
 
-/// Reads the length prefix without consuming it; errors when it is over the cap.
-fn frame_len(src: &BytesMut) -> Result<Option<usize>, Error> {
+/// Reads the length prefix without consuming it; errors when it is over `max`.
+fn frame_len(src: &BytesMut, max: usize) -> Result<Option<usize>, Error> {
     if src.len() < PREFIX {
         return Ok(None);
     }
     let len = u32::from_be_bytes([src[0], src[1], src[2], src[3]]) as usize;
-    if len > MAX_FRAME {
+    if len > max {
         return Err(Error::TooLarge {
             len: len as u64,
-            max: MAX_FRAME,
+            max,
         });
     }
     Ok(Some(len))

@@ -4,6 +4,9 @@
 //! - [`msg`]: the request and response messages as serde types.
 //! - [`codec`]: `u32` big-endian length + MessagePack, capped at [`MAX_FRAME`], as a
 //!   tokio-util `Decoder`/`Encoder` usable on any `AsyncRead + AsyncWrite`.
+//! - [`shape`]: the allocation-free walk every frame passes before it is decoded, capping
+//!   nesting ([`MAX_DEPTH`]) and values ([`MAX_ELEMENTS`]).
+//! - [`session`]: the VM channel's handshake and stream multiplexing.
 //!
 //! This crate does no I/O of its own: callers wrap their streams in a `Framed`.
 #![deny(missing_docs)]
@@ -11,9 +14,11 @@
 pub mod codec;
 pub mod msg;
 pub mod session;
+pub mod shape;
 
 pub use codec::{decode_frame, encode_frame, FrameCodec, GuestCodec, HostCodec, MAX_FRAME};
 pub use msg::{ErrorKind, ProcInfo, ProcState, Request, Response, PROTO_VERSION};
+pub use shape::{MAX_DEPTH, MAX_ELEMENTS};
 
 /// Everything that can go wrong reading or writing a frame.
 #[derive(Debug, thiserror::Error)]
@@ -23,6 +28,18 @@ pub enum Error {
     TooLarge {
         /// Announced (or encoded) length.
         len: u64,
+        /// The cap.
+        max: usize,
+    },
+    /// The frame nests arrays and maps deeper than [`MAX_DEPTH`]; nothing was decoded.
+    #[error("frame nests deeper than {max} levels")]
+    TooDeep {
+        /// The cap.
+        max: usize,
+    },
+    /// The frame holds more than [`MAX_ELEMENTS`] MessagePack values; nothing was decoded.
+    #[error("frame holds more than {max} values")]
+    TooManyElements {
         /// The cap.
         max: usize,
     },
@@ -40,6 +57,12 @@ pub enum Error {
 impl Error {
     /// True when the peer sent bytes we could not accept (as opposed to an I/O failure).
     pub fn is_bad_input(&self) -> bool {
-        matches!(self, Error::TooLarge { .. } | Error::Malformed(_))
+        matches!(
+            self,
+            Error::TooLarge { .. }
+                | Error::TooDeep { .. }
+                | Error::TooManyElements { .. }
+                | Error::Malformed(_)
+        )
     }
 }
