@@ -2,6 +2,9 @@
 
 use wire::ErrorKind;
 
+/// Longest `Error.message` silkd sends, in bytes.
+pub const MAX_MESSAGE: usize = 4096;
+
 /// Result with [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -11,6 +14,9 @@ pub enum Error {
     /// The caller asked for something impossible (bad argv, missing cwd...).
     #[error("{0}")]
     BadRequest(String),
+    /// The process table is full of running commands (`--max-procs`): retryable.
+    #[error("{0}")]
+    Full(String),
     /// The system ran out of something (EAGAIN, ENOMEM, EMFILE): retryable.
     #[error("{context}: {source}")]
     Exhausted {
@@ -53,15 +59,16 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::BadRequest(_) | Error::ListenAddr(_) => ErrorKind::BadRequest,
-            Error::Exhausted { .. } => ErrorKind::ResourceExhausted,
+            Error::Exhausted { .. } | Error::Full(_) => ErrorKind::ResourceExhausted,
             Error::Wire(e) if e.is_bad_input() => ErrorKind::BadRequest,
             Error::Io { .. } | Error::Wire(_) => ErrorKind::Internal,
         }
     }
 
-    /// The `Error` response for this failure; the message carries errno where there is one.
+    /// The `Error` response for this failure; the message carries errno where there is one
+    /// and is cut to [`MAX_MESSAGE`] bytes (it may quote a path or an argument).
     pub fn to_response(&self) -> wire::Response {
-        let message = match self {
+        let mut message = match self {
             Error::Exhausted { source, .. } | Error::Io { source, .. } => {
                 match source.raw_os_error() {
                     Some(errno) => format!("{self} (errno {errno})"),
@@ -70,6 +77,13 @@ impl Error {
             }
             _ => self.to_string(),
         };
+        if message.len() > MAX_MESSAGE {
+            let mut end = MAX_MESSAGE;
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            message.truncate(end);
+        }
         wire::Response::error(self.kind(), message)
     }
 }

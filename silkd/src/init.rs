@@ -1,26 +1,52 @@
-//! PID-1 duties, done only when silkd is the VM's init: mount the basic filesystems,
-//! load the image's kernel modules, bring up `lo`, name the virtio-serial ports.
+//! PID-1 duties, done only when silkd is the VM's init: mount the basic filesystems
+//! (cgroup2 included, for per-command cgroups), load the image's kernel modules, bring up
+//! `lo`, name the virtio-serial ports.
 //! Orphans are reaped by the normal reaper (`proc::reaper`), which collects every child.
 //!
 //! Every step logs and carries on when it fails: a half-set-up guest that still answers
 //! is easier to debug than a kernel panic from init exiting.
 
 use std::ffi::CString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use nix::mount::{mount, MsFlags};
 
 /// Where the image lists the modules to load, one path per line, in load order.
 pub const MODULES_LIST: &str = "/etc/silkd/modules";
 
-/// Runs every PID-1 duty, in order.
-pub fn pid1_duties() {
+/// Where PID 1 mounts cgroup2; silkd's default `--cgroup` as init.
+pub const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
+
+/// Runs every PID-1 duty, in order. Returns the cgroup2 mount when it succeeded.
+pub fn pid1_duties() -> Option<PathBuf> {
     mount_basics();
+    let cgroup = mount_cgroup2();
     load_modules(Path::new(MODULES_LIST));
     if let Err(e) = bring_up_loopback() {
         tracing::warn!("bringing up lo: {e}");
     }
     link_virtio_ports();
+    cgroup
+}
+
+fn mount_cgroup2() -> Option<PathBuf> {
+    let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+    if let Err(e) = std::fs::create_dir_all(CGROUP_MOUNT) {
+        tracing::warn!("mkdir {CGROUP_MOUNT}: {e}");
+    }
+    match mount(
+        Some("cgroup2"),
+        CGROUP_MOUNT,
+        Some("cgroup2"),
+        flags,
+        None::<&str>,
+    ) {
+        Ok(()) => Some(PathBuf::from(CGROUP_MOUNT)),
+        Err(e) => {
+            tracing::warn!("mount cgroup2 on {CGROUP_MOUNT}: {e}");
+            None
+        }
+    }
 }
 
 fn mount_basics() {

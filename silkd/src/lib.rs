@@ -15,6 +15,7 @@ pub mod init;
 pub mod listen;
 pub mod proc;
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
 pub use error::{Error, Result};
@@ -27,6 +28,18 @@ pub struct Args {
     /// Where to listen: `unix:/path/sock`, `vsock:PORT` or `serial:NAME`. Repeatable.
     #[arg(long = "listen", required = true, value_parser = ListenAddr::parse)]
     pub listen: Vec<ListenAddr>,
+    /// Most commands the process table holds, running and recently exited together: an
+    /// `Exec` while this many run answers `resource_exhausted`; exited entries beyond it
+    /// are forgotten oldest first.
+    #[arg(long, default_value_t = proc::DEFAULT_MAX_PROCS,
+          value_parser = clap::value_parser!(u32).range(1..=proc::MAX_MAX_PROCS as i64))]
+    pub max_procs: u32,
+    /// A writable cgroup2 directory: each command runs in its own child cgroup of it, and
+    /// a kill takes the whole cgroup (processes that called `setsid` included). Without
+    /// it, kills reach the command's process group only. As PID 1, silkd mounts cgroup2
+    /// at /sys/fs/cgroup and uses that.
+    #[arg(long)]
+    pub cgroup: Option<PathBuf>,
 }
 
 /// Logs go to stderr; `RUST_LOG` filters (default `info`).
@@ -54,7 +67,10 @@ pub fn serve_blocking(args: Args) -> Result<()> {
 /// command still running.
 pub async fn serve(args: Args) -> Result<()> {
     conn::mark_start();
-    let table = Arc::new(proc::ProcessTable::new());
+    let table = Arc::new(proc::ProcessTable::new(
+        args.max_procs,
+        exec_cgroups(args.cgroup.as_deref())?,
+    ));
     proc::reaper::become_subreaper();
     let reaper = tokio::spawn(proc::reaper::run(table.clone())?);
     let mut tasks = Vec::new();
@@ -71,6 +87,31 @@ pub async fn serve(args: Args) -> Result<()> {
     }
     reaper.abort();
     Ok(())
+}
+
+/// Opens `--cgroup`. An unusable directory stops a normal silkd (the operator asked for
+/// it); as PID 1 it is logged and kills fall back to process groups, since init exiting
+/// would take the VM down.
+fn exec_cgroups(dir: Option<&std::path::Path>) -> Result<Option<proc::cgroup::ExecCgroups>> {
+    let Some(dir) = dir else {
+        tracing::info!("no --cgroup: a kill reaches the command's process group only");
+        return Ok(None);
+    };
+    match proc::cgroup::ExecCgroups::open(dir) {
+        Ok(c) => {
+            tracing::info!(
+                dir = %dir.display(),
+                cgroup_kill = c.has_kill(),
+                "each command runs in its own cgroup"
+            );
+            Ok(Some(c))
+        }
+        Err(e) if std::process::id() == 1 => {
+            tracing::warn!("per-command cgroups off, kills reach process groups only: {e}");
+            Ok(None)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 async fn wait_for_shutdown() -> Result<()> {

@@ -3,10 +3,12 @@
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
-    let args = silkd::Args::parse();
+    let mut args = silkd::Args::parse();
     silkd::init_logging();
     if std::process::id() == 1 {
-        silkd::init::pid1_duties();
+        if let Some(cgroup) = silkd::init::pid1_duties() {
+            args.cgroup.get_or_insert(cgroup);
+        }
     }
     match silkd::serve_blocking(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,

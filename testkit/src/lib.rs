@@ -22,9 +22,11 @@
 //! - [`vm`]: what the VM tests need from the host (QEMU, the guest image).
 //! - [`leftovers`]: counting a process-engine daemon's processes, sandbox dirs, sockets
 //!   and cgroups before and after an attack.
+//! - [`cgroup2`]: a fresh cgroup2 directory for one test, removed with its contents.
 #![deny(missing_docs)]
 
 pub mod bins;
+pub mod cgroup2;
 pub mod daemon;
 pub mod guard;
 pub mod host;

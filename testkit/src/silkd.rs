@@ -29,11 +29,17 @@ impl Silkd {
     /// Runs `binary` (silkd's tests pass `env!("CARGO_BIN_EXE_silkd")`); returns once it
     /// accepts connections.
     pub async fn start(binary: impl AsRef<Path>) -> Silkd {
+        Silkd::start_with(binary, &[]).await
+    }
+
+    /// Like [`Silkd::start`], with extra flags (`--max-procs`, `--cgroup`).
+    pub async fn start_with(binary: impl AsRef<Path>, flags: &[&str]) -> Silkd {
         let dir = tempfile::tempdir().expect("tempdir");
         let sock = dir.path().join("silkd.sock");
         let mut cmd = Command::new(binary.as_ref());
         cmd.arg("--listen")
             .arg(format!("unix:{}", sock.display()))
+            .args(flags)
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null());
         let mut guard = ChildGuard::spawn("silkd", &mut cmd).grace(Duration::from_secs(3));
@@ -76,6 +82,11 @@ impl Silkd {
     /// Resident set (VmRSS) in KiB.
     pub fn rss_kib(&self) -> u64 {
         procs::status_field(self.pid(), "VmRSS:").expect("silkd's VmRSS")
+    }
+
+    /// SIGTERM (silkd kills every command), then waits up to `within` for it to exit.
+    pub fn terminate(&mut self, within: Duration) -> std::process::ExitStatus {
+        self.guard.terminate(within)
     }
 
     /// True until silkd exits.

@@ -3,12 +3,19 @@
 //! One table, one reaper. The table lock is held across spawn-and-insert and across
 //! reap-and-mark, so the reaper never reaps a pid the table has not heard of, and `Kill`
 //! checks liveness and signals under the same lock: an exited entry answers `Done`
-//! without signalling, so a recycled pid is never hit.
+//! without signalling a pid, so a recycled pid is never hit.
+//!
+//! The table is bounded: at most `max` entries, running and exited together. A spawn
+//! into a full table forgets the oldest exited entry; when every entry runs, it is
+//! refused (`resource_exhausted`). What it remembers of an argv is bounded too
+//! ([`PS_ARGS`], [`PS_ARG_BYTES`]), so a `Procs` answer always fits the wire caps.
 
+pub mod cgroup;
 pub mod reaper;
 pub mod spawn;
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -21,6 +28,15 @@ use crate::{Error, Result};
 
 /// How long an exited command stays in the table, so a late `Kill` answers `Done`.
 pub const KEEP_EXITED: Duration = Duration::from_secs(5 * 60);
+/// Default `--max-procs`.
+pub const DEFAULT_MAX_PROCS: u32 = 1024;
+/// Largest `--max-procs`: a `Procs` answer listing that many entries of [`PS_ARGS`]
+/// arguments of [`PS_ARG_BYTES`] stays under both wire caps (values and bytes).
+pub const MAX_MAX_PROCS: u32 = 2048;
+/// Arguments of an argv the table keeps (and `Procs` lists).
+pub const PS_ARGS: usize = 16;
+/// Bytes of each argument the table keeps (cut at a character boundary).
+pub const PS_ARG_BYTES: usize = 128;
 
 /// How a command ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,21 +57,52 @@ pub enum KillOutcome {
 }
 
 struct Entry {
+    /// What [`summary`] kept of the argv.
     argv: Vec<String>,
     exited: Option<(ExitStatus, Instant)>,
     status_tx: watch::Sender<Option<ExitStatus>>,
+    /// The command's own cgroup, until it is removed.
+    cgroup: Option<PathBuf>,
+}
+
+/// What the lock guards.
+#[derive(Default)]
+struct Inner {
+    entries: HashMap<u32, Entry>,
+    /// Cgroups of forgotten entries that something the command left running still holds;
+    /// removed once empty. Each holds at least one live process, so the guest's own
+    /// process limit bounds this list.
+    leftovers: Vec<PathBuf>,
 }
 
 /// Every command silkd started, keyed by pid (= process group id).
-#[derive(Default)]
 pub struct ProcessTable {
-    entries: Mutex<HashMap<u32, Entry>>,
+    inner: Mutex<Inner>,
+    max: usize,
+    cgroups: Option<cgroup::ExecCgroups>,
+}
+
+impl Default for ProcessTable {
+    fn default() -> Self {
+        ProcessTable::new(DEFAULT_MAX_PROCS, None)
+    }
 }
 
 impl ProcessTable {
-    /// An empty table.
-    pub fn new() -> Self {
-        Self::default()
+    /// An empty table of at most `max` entries (clamped to 1..=[`MAX_MAX_PROCS`]); each
+    /// command gets its own cgroup under `cgroups` when given, else only its process
+    /// group.
+    pub fn new(max: u32, cgroups: Option<cgroup::ExecCgroups>) -> Self {
+        ProcessTable {
+            inner: Mutex::default(),
+            max: max.clamp(1, MAX_MAX_PROCS) as usize,
+            cgroups,
+        }
+    }
+
+    /// Whether commands get their own cgroup.
+    pub fn has_cgroups(&self) -> bool {
+        self.cgroups.is_some()
     }
 
     /// Spawns `cmd` under the table lock and records it. The returned receiver sees the
@@ -64,53 +111,111 @@ impl ProcessTable {
         &self,
         spec: &spawn::Spec,
     ) -> Result<(spawn::Spawned, watch::Receiver<Option<ExitStatus>>)> {
-        let mut entries = self.lock();
-        gc(&mut entries);
-        let spawned = spawn::spawn(spec)?;
+        spawn::check(spec)?;
+        let mut inner = self.lock();
+        gc(&mut inner);
+        self.make_room(&mut inner)?;
+        let cgroup = self.cgroups.as_ref().map(|c| c.create()).transpose()?;
+        let spawned = match spawn::spawn(spec, cgroup.as_ref()) {
+            Ok(s) => s,
+            Err(e) => {
+                if let Some(cg) = &cgroup {
+                    cgroup::ExecCgroups::remove(&cg.path);
+                }
+                return Err(e);
+            }
+        };
         let (status_tx, status_rx) = watch::channel(None);
-        entries.insert(
+        inner.entries.insert(
             spawned.pid,
             Entry {
-                argv: spec.argv.clone(),
+                argv: summary(&spec.argv),
                 exited: None,
                 status_tx,
+                cgroup: cgroup.map(|c| c.path),
             },
         );
         Ok((spawned, status_rx))
     }
 
-    /// Signals the whole process group of `pid` if it still runs.
+    /// Refuses a spawn when every entry runs; else forgets the oldest exited entries
+    /// until one more fits.
+    fn make_room(&self, inner: &mut Inner) -> Result<()> {
+        let running = inner
+            .entries
+            .values()
+            .filter(|e| e.exited.is_none())
+            .count();
+        if running >= self.max {
+            return Err(Error::Full(format!(
+                "{running} commands are running, the most this silkd runs at once (--max-procs {})",
+                self.max
+            )));
+        }
+        while inner.entries.len() >= self.max {
+            let oldest = inner
+                .entries
+                .iter()
+                .filter_map(|(pid, e)| e.exited.map(|(_, at)| (at, *pid)))
+                .min()
+                .map(|(_, pid)| pid)
+                .expect("fewer running than max, so one is exited");
+            forget(inner, oldest);
+        }
+        Ok(())
+    }
+
+    /// Signals `pid`'s command. SIGKILL goes to its whole cgroup when it has one (every
+    /// process it started, `setsid` or not, even after its leader exited: no pid is named,
+    /// so none can be a recycled one), and to its process group while the leader runs.
+    /// Other signals go to the process group of a running leader only.
     pub fn kill(&self, pid: u32, signal: Signal) -> Result<KillOutcome> {
-        let entries = self.lock();
-        match entries.get(&pid) {
-            None => Ok(KillOutcome::NotFound),
-            Some(e) if e.exited.is_some() => Ok(KillOutcome::Done),
-            Some(_) => match killpg(Pid::from_raw(pid as i32), signal) {
-                // The leader is running or a zombie not yet reaped: the group id is ours.
-                Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(KillOutcome::Done),
-                Err(e) => Err(Error::io(
-                    format!("killpg({pid}, {signal})"),
-                    std::io::Error::from(e),
-                )),
-            },
+        let inner = self.lock();
+        let Some(e) = inner.entries.get(&pid) else {
+            return Ok(KillOutcome::NotFound);
+        };
+        if signal == Signal::SIGKILL {
+            if let (Some(cgroups), Some(path)) = (&self.cgroups, &e.cgroup) {
+                cgroups.kill(path)?;
+            }
+        }
+        if e.exited.is_some() {
+            return Ok(KillOutcome::Done);
+        }
+        match killpg(Pid::from_raw(pid as i32), signal) {
+            // The leader is running or a zombie not yet reaped: the group id is ours.
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(KillOutcome::Done),
+            Err(e) => Err(Error::io(
+                format!("killpg({pid}, {signal})"),
+                std::io::Error::from(e),
+            )),
         }
     }
 
-    /// SIGKILLs every running group (shutdown).
+    /// SIGKILLs every running group and every command's cgroup (shutdown).
     pub fn kill_all(&self) {
-        let entries = self.lock();
-        for (pid, e) in entries.iter() {
+        let inner = self.lock();
+        for (pid, e) in inner.entries.iter() {
+            if let (Some(cgroups), Some(path)) = (&self.cgroups, &e.cgroup) {
+                let _ = cgroups.kill(path);
+            }
             if e.exited.is_none() {
                 let _ = killpg(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+            }
+        }
+        if let Some(cgroups) = &self.cgroups {
+            for path in &inner.leftovers {
+                let _ = cgroups.kill(path);
             }
         }
     }
 
     /// Live and recently exited commands, by pid.
     pub fn list(&self) -> Vec<ProcInfo> {
-        let mut entries = self.lock();
-        gc(&mut entries);
-        let mut out: Vec<ProcInfo> = entries
+        let mut inner = self.lock();
+        gc(&mut inner);
+        let mut out: Vec<ProcInfo> = inner
+            .entries
             .iter()
             .map(|(pid, e)| {
                 let (state, code, signal) = match e.exited {
@@ -133,26 +238,104 @@ impl ProcessTable {
 
     /// Number of commands still running.
     pub fn running(&self) -> u32 {
-        self.lock().values().filter(|e| e.exited.is_none()).count() as u32
+        self.lock()
+            .entries
+            .values()
+            .filter(|e| e.exited.is_none())
+            .count() as u32
     }
 
-    /// Records an exit the reaper collected; unknown pids (orphans) are ignored.
-    fn mark_exited(entries: &mut HashMap<u32, Entry>, pid: u32, status: ExitStatus) {
-        if let Some(e) = entries.get_mut(&pid) {
+    /// Records an exit the reaper collected; unknown pids (orphans) are ignored. The
+    /// command's cgroup goes now if nothing else of it runs.
+    fn mark_exited(inner: &mut Inner, pid: u32, status: ExitStatus) {
+        if let Some(e) = inner.entries.get_mut(&pid) {
             e.exited = Some((status, Instant::now()));
             e.status_tx.send_replace(Some(status));
+            if e.cgroup.as_deref().is_some_and(cgroup::ExecCgroups::remove) {
+                e.cgroup = None;
+            }
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, Entry>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // A panic while holding the lock leaves consistent data (single inserts/updates).
-        self.entries.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-fn gc(entries: &mut HashMap<u32, Entry>) {
-    entries.retain(|_, e| match e.exited {
-        Some((_, at)) => at.elapsed() < KEEP_EXITED,
-        None => true,
-    });
+/// What the table keeps of an argv: the first [`PS_ARGS`] arguments, each cut to
+/// [`PS_ARG_BYTES`] at a character boundary.
+pub fn summary(argv: &[String]) -> Vec<String> {
+    argv.iter()
+        .take(PS_ARGS)
+        .map(|a| {
+            let mut end = a.len().min(PS_ARG_BYTES);
+            while !a.is_char_boundary(end) {
+                end -= 1;
+            }
+            a[..end].to_string()
+        })
+        .collect()
+}
+
+/// Forgets expired exited entries, and removes the cgroups that have emptied since.
+fn gc(inner: &mut Inner) {
+    let expired: Vec<u32> = inner
+        .entries
+        .iter()
+        .filter(|(_, e)| e.exited.is_some_and(|(_, at)| at.elapsed() >= KEEP_EXITED))
+        .map(|(pid, _)| *pid)
+        .collect();
+    for pid in expired {
+        forget(inner, pid);
+    }
+    for e in inner.entries.values_mut() {
+        if e.exited.is_some() && e.cgroup.as_deref().is_some_and(cgroup::ExecCgroups::remove) {
+            e.cgroup = None;
+        }
+    }
+    inner.leftovers.retain(|p| !cgroup::ExecCgroups::remove(p));
+}
+
+/// Drops an exited entry; a cgroup it still holds waits in `leftovers`.
+fn forget(inner: &mut Inner, pid: u32) {
+    if let Some(e) = inner.entries.remove(&pid) {
+        if let Some(path) = e.cgroup {
+            if !cgroup::ExecCgroups::remove(&path) {
+                inner.leftovers.push(path);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wire::{ProcState, Response};
+
+    #[test]
+    fn the_largest_procs_answer_fits_the_wire_caps() {
+        let long: Vec<String> = (0..PS_ARGS + 4).map(|_| "é".repeat(PS_ARG_BYTES)).collect();
+        let row = ProcInfo {
+            pid: u32::MAX,
+            argv: summary(&long),
+            state: ProcState::Exited,
+            code: Some(i32::MIN),
+            signal: None,
+        };
+        assert_eq!(row.argv.len(), PS_ARGS);
+        assert!(row.argv.iter().all(|a| a.len() <= PS_ARG_BYTES));
+        let frame = wire::encode_frame(Response::Procs {
+            procs: vec![row; MAX_MAX_PROCS as usize],
+        })
+        .expect("within the byte cap");
+        wire::shape::check(&frame[4..]).expect("within the shape caps");
+    }
+
+    #[test]
+    fn summaries_cut_at_character_boundaries() {
+        let cut = summary(&["ab".repeat(100), "€".repeat(100)]);
+        assert_eq!(cut[0].len(), PS_ARG_BYTES);
+        assert_eq!(cut[1], "€".repeat(PS_ARG_BYTES / 3));
+    }
 }

@@ -40,14 +40,14 @@ pub fn run(table: Arc<ProcessTable>) -> Result<impl std::future::Future<Output =
 
 /// Collects every exited child, under the table lock.
 pub fn reap_all(table: &ProcessTable) {
-    let mut entries = table.lock();
+    let mut inner = table.lock();
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::Exited(pid, code)) => {
-                ProcessTable::mark_exited(&mut entries, pid.as_raw() as u32, ExitStatus::Code(code))
+                ProcessTable::mark_exited(&mut inner, pid.as_raw() as u32, ExitStatus::Code(code))
             }
             Ok(WaitStatus::Signaled(pid, sig, _)) => ProcessTable::mark_exited(
-                &mut entries,
+                &mut inner,
                 pid.as_raw() as u32,
                 ExitStatus::Signal(sig as i32),
             ),

@@ -1,5 +1,7 @@
-//! Spawning one command: argv and cwd checks that name the bad path, a cleared
-//! environment, its own process group, pipes for the output.
+//! Spawning one command: argv, env and cwd checks that name what is wrong (before any
+//! fork, so the kernel's limits answer `bad_request`, not `internal`), a cleared
+//! environment, its own process group (and cgroup when there is one), pipes for the
+//! output.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -10,10 +12,18 @@ use std::process::{Command, Stdio};
 
 use tokio::net::unix::pipe;
 
+use super::cgroup::{self, NewCgroup};
 use crate::{Error, Result};
 
 /// `PATH` every command starts with.
 pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+/// The environment every command starts with, before the request's `env`.
+const BASE_ENV: [(&str, &str); 3] = [("PATH", BASE_PATH), ("HOME", "/root"), ("TERM", "dumb")];
+/// The kernel's longest single argument or `KEY=value` string, its NUL included
+/// (`MAX_ARG_STRLEN`, 32 pages); execve fails with E2BIG past it.
+pub const MAX_ARG_STRLEN: usize = 32 * 4096;
+/// Longest cwd accepted (`PATH_MAX`, its NUL included).
+pub const PATH_MAX: usize = 4096;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -40,15 +50,102 @@ pub struct Spawned {
     pub stderr: pipe::Receiver,
 }
 
-/// Starts the command. Must run under the process table lock (see `proc`), because the
-/// child is not waited for here: the reaper collects it.
-pub fn spawn(spec: &Spec) -> Result<Spawned> {
+/// Refuses what execve would refuse for its size or content: NUL bytes anywhere, an
+/// empty or `=`-holding env key, one string over [`MAX_ARG_STRLEN`], argv + env over the
+/// kernel's total (`ARG_MAX`, a quarter of the stack limit), a cwd over [`PATH_MAX`].
+pub fn check(spec: &Spec) -> Result<()> {
     let Some(arg0) = spec.argv.first() else {
         return Err(Error::BadRequest("argv is empty".into()));
     };
     if arg0.is_empty() {
         return Err(Error::BadRequest("argv[0] is empty".into()));
     }
+    // execve's cost: each string with its NUL, plus a pointer to it, plus two NULL ends.
+    let ptr = std::mem::size_of::<usize>();
+    let mut total = 2 * ptr;
+    for (i, a) in spec.argv.iter().enumerate() {
+        if a.contains('\0') {
+            return Err(Error::BadRequest(format!("argv[{i}] contains a NUL byte")));
+        }
+        check_strlen(&format!("argv[{i}]"), a.len() + 1)?;
+        total += a.len() + 1 + ptr;
+    }
+    let base = BASE_ENV.iter().map(|(k, v)| (*k, *v));
+    let extra = spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    for (k, v) in base.chain(extra) {
+        if k.is_empty() || k.contains(['=', '\0']) {
+            return Err(Error::BadRequest(format!(
+                "env key {:?} must be non-empty without '=' or NUL",
+                truncated(k)
+            )));
+        }
+        if v.contains('\0') {
+            return Err(Error::BadRequest(format!(
+                "env value of {:?} contains a NUL byte",
+                truncated(k)
+            )));
+        }
+        check_strlen(&format!("env {:?}", truncated(k)), k.len() + v.len() + 2)?;
+        total += k.len() + v.len() + 2 + ptr;
+    }
+    let arg_max = arg_max();
+    if total > arg_max {
+        return Err(Error::BadRequest(format!(
+            "argv and env take {total} bytes; the kernel takes at most {arg_max} (ARG_MAX)"
+        )));
+    }
+    if let Some(cwd) = &spec.cwd {
+        if cwd.contains('\0') {
+            return Err(Error::BadRequest("cwd contains a NUL byte".into()));
+        }
+        if cwd.len() >= PATH_MAX {
+            return Err(Error::BadRequest(format!(
+                "cwd is {} bytes; at most {} are accepted",
+                cwd.len(),
+                PATH_MAX - 1
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn check_strlen(what: &str, with_nul: usize) -> Result<()> {
+    if with_nul > MAX_ARG_STRLEN {
+        return Err(Error::BadRequest(format!(
+            "{what} is {} bytes; the kernel takes at most {} per string",
+            with_nul - 1,
+            MAX_ARG_STRLEN - 1
+        )));
+    }
+    Ok(())
+}
+
+/// The start of `s`, for messages about strings that may be huge.
+fn truncated(s: &str) -> &str {
+    let mut end = s.len().min(64);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// The kernel's limit on argv + env, from `sysconf(_SC_ARG_MAX)` (a quarter of the stack
+/// limit, at least 128 KiB).
+fn arg_max() -> usize {
+    // SAFETY: sysconf reads a limit and has no other effect.
+    let n = unsafe { libc::sysconf(libc::_SC_ARG_MAX) };
+    if n > 0 {
+        n as usize
+    } else {
+        128 * 1024
+    }
+}
+
+/// Starts the command, inside `cgroup` when given. Must run under the process table lock
+/// (see `proc`), because the child is not waited for here: the reaper collects it. The
+/// spec has passed [`check`].
+pub fn spawn(spec: &Spec, cgroup: Option<&NewCgroup>) -> Result<Spawned> {
+    let arg0 = &spec.argv[0];
     if let Some(cwd) = &spec.cwd {
         check_cwd(Path::new(cwd))?;
     }
@@ -65,9 +162,7 @@ pub fn spawn(spec: &Spec) -> Result<Spawned> {
     cmd.arg0(arg0)
         .args(&spec.argv[1..])
         .env_clear()
-        .env("PATH", BASE_PATH)
-        .env("HOME", "/root")
-        .env("TERM", "dumb")
+        .envs(BASE_ENV)
         .envs(spec.env.iter().map(|(k, v)| (k, v)))
         .process_group(0)
         .stdin(if spec.stdin {
@@ -80,8 +175,21 @@ pub fn spawn(spec: &Spec) -> Result<Spawned> {
     if let Some(cwd) = &spec.cwd {
         cmd.current_dir(cwd);
     }
+    if let Some(cg) = cgroup {
+        let procs = std::os::fd::AsRawFd::as_raw_fd(&cg.procs);
+        // SAFETY: `enter` makes one write(2), async-signal-safe; the descriptor stays open
+        // in the parent until spawn returns. Joining before exec means nothing the
+        // command runs, however quickly it forks, starts outside its cgroup.
+        unsafe {
+            cmd.pre_exec(move || cgroup::enter(procs));
+        }
+    }
     let mut child = cmd.spawn().map_err(|e| match e.raw_os_error() {
-        Some(libc::ENOENT | libc::EACCES | libc::ENOEXEC | libc::ENOTDIR) => {
+        Some(libc::ENOENT | libc::EACCES | libc::ENOEXEC | libc::ENOTDIR | libc::E2BIG) => {
+            Error::BadRequest(format!("cannot execute {}: {e}", program.display()))
+        }
+        // std's own refusal of a string it cannot pass (a NUL byte).
+        None if e.kind() == std::io::ErrorKind::InvalidInput => {
             Error::BadRequest(format!("cannot execute {}: {e}", program.display()))
         }
         _ => Error::io(format!("spawning {}", program.display()), e),
