@@ -1,6 +1,8 @@
 //! RPCs sandboxd itself makes to silkd over fresh guest streams: the `Info` readiness
 //! check, the bounded `Kill` every give-up path relies on, and running a command to
-//! completion (golden warmup). Frames go through `wire` only.
+//! completion (golden warmup). Frames go through `wire` only, read with a cap of
+//! [`GUEST_FRAME_MAX`]: the guest is as hostile as its user, so what one of its frames
+//! can make sandboxd hold is bounded by what silkd legitimately sends here.
 
 use std::time::Duration;
 
@@ -17,9 +19,18 @@ pub type GuestConn = Framed<GuestStream, HostCodec>;
 /// Bound on dial, write and reply of a give-up `Kill`.
 pub const KILL_BOUND: Duration = Duration::from_secs(5);
 
+/// Largest frame sandboxd reads from a guest on its own connections. silkd's largest
+/// answer to what sandboxd asks (`Exec`, `Kill`, `Info`; never `Ps`) is an output frame
+/// of 64 KiB, or an `Error` of at most 4 KiB of message; the 8 MiB protocol cap stays
+/// for relays, which sandboxd does not decode.
+pub const GUEST_FRAME_MAX: usize = 256 * 1024;
+
 /// Opens a fresh framed connection.
 pub async fn connect(guest: &dyn Guest) -> Result<GuestConn> {
-    Ok(Framed::new(guest.dial().await?, HostCodec::new()))
+    Ok(Framed::new(
+        guest.dial().await?,
+        HostCodec::new().with_max(GUEST_FRAME_MAX),
+    ))
 }
 
 /// Reads the next frame; EOF is an error (the guest went away mid-RPC).

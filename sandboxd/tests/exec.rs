@@ -135,6 +135,31 @@ async fn bad_requests_answer_400_and_413() {
     d.stop().await;
 }
 
+/// What the guest's kernel would refuse (NUL bytes, one argument over 128 KiB, a NUL in
+/// cwd) is silkd's `bad_request`, so a 400 naming the fault, never a 500 or 502; and the
+/// sandbox still runs commands afterwards. (argv + env over ARG_MAX, 2 MiB, cannot pass
+/// the 1 MiB body cap; `silkd/tests/limits.rs` covers it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn strings_the_kernel_refuses_answer_400() {
+    let d = Daemon::start(Setup::default()).await;
+    let (id, token) = d.claim().await;
+    let long = "x".repeat(128 * 1024);
+    for (body, needle) in [
+        (json!({"argv": ["echo", "a\0b"]}), "NUL"),
+        (json!({"argv": ["true"], "env": {"K": "v\0"}}), "NUL"),
+        (json!({"argv": ["true"], "cwd": "/tmp\0x"}), "NUL"),
+        (json!({"argv": ["echo", long]}), "per string"),
+    ] {
+        let r = d.exec(&id, &token, body).await;
+        assert_eq!(r.status, 400, "{needle}: {}", r.text());
+        let error = r.json()["error"].as_str().unwrap().to_string();
+        assert!(error.contains(needle), "{error}");
+    }
+    let r = d.exec(&id, &token, json!({"argv": ["true"]})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    d.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn output_cap_is_exact_and_kills() {
     let cap = 64 * 1024;

@@ -1,7 +1,10 @@
 //! Buffered exec against a scripted fake silkd (in-memory streams, paused clock): the
 //! answers real silkd rarely gives — `resource_exhausted`, `internal`, a command that never
 //! ends, a `Kill` that fails or is never answered — and that every give-up sends `Kill` for
-//! the right pid on a fresh stream before answering, within the 5 s bound.
+//! the right pid on a fresh stream before answering, within the 5 s bound. Then a hostile
+//! one (the guest is as hostile as its user): maximal frames forever, tiny frames forever,
+//! empty frames, endless `Started`, frames of the wrong type, frames built to cost memory;
+//! each ends in a clear status, a checked `Kill`, and bounded memory.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,6 +17,7 @@ use sandboxd::config::ExecConfig;
 use sandboxd::engine::{Fate, Guest, GuestStream};
 use sandboxd::exec::{self, Execs};
 use sandboxd::metrics::Metrics;
+use tokio::io::AsyncWriteExt;
 use tokio_util::codec::Framed;
 use wire::{ErrorKind, GuestCodec, Request, Response};
 
@@ -26,8 +30,19 @@ enum Script {
     Hang,
     /// `Exec` → `Started`, `Exit{timed_out: true}`.
     SilkdTimeout,
-    /// `Exec` → `Started`, then 1 KiB `Stdout` frames forever.
-    Flood,
+    /// `Exec` → `Started`, then `Stdout` frames of this many bytes forever.
+    Flood(usize),
+    /// `Exec` → `Started`, then a frame prefix announcing the 8 MiB protocol maximum and
+    /// its bytes, forever.
+    Maximal,
+    /// `Exec` → `Started`, then empty `Stdout` frames forever.
+    EmptyFrames,
+    /// `Exec` → `Started` forever.
+    EndlessStarted,
+    /// `Exec` → `Started`, then `Procs` (not an exec's answer).
+    WrongType,
+    /// `Exec` → `Started`, then a 100 KB frame of 100 000 values.
+    ValueFlood,
     /// `Exec` → `Started`, then silence; `Kill` → `Error{internal}`.
     HangKillRefused,
     /// `Exec` → `Started`, then silence; `Kill` is never answered.
@@ -72,15 +87,52 @@ impl Guest for FakeGuest {
                                 })
                                 .await;
                         }
-                        Script::Flood => {
+                        Script::Flood(n) => {
                             let _ = conn.send(Response::Started { pid: PID }).await;
-                            let data = vec![b'x'; 1024];
+                            let data = vec![b'x'; n];
                             while conn
                                 .send(Response::Stdout { data: data.clone() })
                                 .await
                                 .is_ok()
                             {}
                             return;
+                        }
+                        Script::Maximal => {
+                            let _ = conn.send(Response::Started { pid: PID }).await;
+                            let mut raw = conn.into_inner();
+                            let _ = raw.write_all(&(wire::MAX_FRAME as u32).to_be_bytes()).await;
+                            let zeros = vec![0u8; 64 * 1024];
+                            while raw.write_all(&zeros).await.is_ok() {}
+                            return;
+                        }
+                        Script::EmptyFrames => {
+                            let _ = conn.send(Response::Started { pid: PID }).await;
+                            while conn.send(Response::Stdout { data: vec![] }).await.is_ok() {}
+                            return;
+                        }
+                        Script::EndlessStarted => {
+                            while conn.send(Response::Started { pid: PID }).await.is_ok() {}
+                            return;
+                        }
+                        Script::WrongType => {
+                            let _ = conn.send(Response::Started { pid: PID }).await;
+                            let _ = conn.send(Response::Procs { procs: vec![] }).await;
+                        }
+                        Script::ValueFlood => {
+                            let _ = conn.send(Response::Started { pid: PID }).await;
+                            // {"type": "stdout", "data": [nil; 100 000]}
+                            let mut body = vec![0x82, 0xa4];
+                            body.extend_from_slice(b"type");
+                            body.push(0xa6);
+                            body.extend_from_slice(b"stdout");
+                            body.push(0xa4);
+                            body.extend_from_slice(b"data");
+                            body.push(0xdd);
+                            body.extend_from_slice(&100_000u32.to_be_bytes());
+                            body.resize(body.len() + 100_000, 0xc0);
+                            let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+                            frame.extend_from_slice(&body);
+                            let _ = conn.get_mut().write_all(&frame).await;
                         }
                         Script::Hang | Script::HangKillRefused | Script::HangKillIgnored => {
                             let _ = conn.send(Response::Started { pid: PID }).await;
@@ -118,16 +170,22 @@ impl Guest for FakeGuest {
 
 struct Outcome {
     status: u16,
+    /// The error's text, empty on success.
+    message: String,
     kills: Vec<u32>,
     connections: u32,
     elapsed: Duration,
 }
 
 async fn run(script: Script, timeout_seconds: Option<f64>) -> Outcome {
+    run_with(script, timeout_seconds, 64 * 1024).await
+}
+
+async fn run_with(script: Script, timeout_seconds: Option<f64>, max_output: u64) -> Outcome {
     let metrics = Arc::new(Metrics::new());
     let spill = tempfile::tempdir().unwrap();
     let config = ExecConfig {
-        max_output_bytes: 64 * 1024,
+        max_output_bytes: max_output,
         memory_budget_bytes: 1024 * 1024,
         max_in_flight: 4,
         ..ExecConfig::default()
@@ -155,14 +213,15 @@ async fn run(script: Script, timeout_seconds: Option<f64>) -> Outcome {
     let answer = exec::spawn(execs.clone(), admitted, sandbox, req)
         .await
         .expect("exec task answered");
-    let status = match answer {
-        Ok(_) => 200,
-        Err(e) => status_of(&e).as_u16(),
+    let (status, message) = match answer {
+        Ok(_) => (200, String::new()),
+        Err(e) => (status_of(&e).as_u16(), e.to_string()),
     };
     let kills = kills.lock().unwrap().clone();
     let connections = *connections.lock().unwrap();
     Outcome {
         status,
+        message,
         kills,
         connections,
         elapsed: started.elapsed(),
@@ -204,7 +263,7 @@ async fn silkd_timeout_still_gets_a_checked_kill() {
 
 #[tokio::test(start_paused = true)]
 async fn output_over_the_cap_is_killed_then_413() {
-    let o = run(Script::Flood, None).await;
+    let o = run(Script::Flood(1024), None).await;
     assert_eq!(o.status, 413);
     assert_eq!(o.kills, vec![PID]);
 }
@@ -227,4 +286,44 @@ async fn an_unanswered_kill_is_bounded_by_five_seconds() {
         "{:?}",
         o.elapsed
     );
+}
+
+/// Each hostile script ends in a clear status naming what the guest did, after a checked
+/// `Kill` of the command it started.
+#[tokio::test(start_paused = true)]
+async fn a_hostile_guest_gets_a_clear_status_and_a_kill() {
+    for (script, status, needle) in [
+        (Script::Maximal, 502, "exceeds the 262144 byte cap"),
+        (Script::Flood(200 * 1024), 413, "max_output_bytes"),
+        (Script::Flood(1), 413, "max_output_bytes"),
+        (Script::EmptyFrames, 502, "empty output frame"),
+        (Script::EndlessStarted, 502, "second Started"),
+        (Script::WrongType, 502, "unexpected frame"),
+        (Script::ValueFlood, 502, "65536 values"),
+    ] {
+        let o = run(script, None).await;
+        assert_eq!(o.status, status, "{needle}: {}", o.message);
+        assert!(o.message.contains(needle), "{needle}: {}", o.message);
+        assert_eq!(o.kills, vec![PID], "{needle}");
+    }
+}
+
+/// Peak RSS of this test process while two hostile guests at once send what costs the
+/// most: announced-maximal frames, the largest frames accepted, or one-byte frames (which
+/// used to cost ~40 bytes of heap per byte of output), each against a 512 KiB
+/// `max_output_bytes` and a 1 MiB node budget. Bounded by the caps, not by the floods.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_floods_keep_memory_bounded() {
+    let before = testkit::procs::status_field(std::process::id(), "VmHWM:").unwrap();
+    for script in [Script::Maximal, Script::Flood(200 * 1024), Script::Flood(1)] {
+        let runs = (0..2).map(|_| run_with(script, None, 512 * 1024));
+        for o in futures::future::join_all(runs).await {
+            assert!(matches!(o.status, 413 | 502), "{}", o.message);
+        }
+    }
+    let grew_mib =
+        (testkit::procs::status_field(std::process::id(), "VmHWM:").unwrap() - before) / 1024;
+    eprintln!("peak RSS grew {grew_mib} MiB");
+    // 2 × (512 KiB of output + a 256 KiB frame + its decoded copy + duplex buffers).
+    assert!(grew_mib < 16, "peak RSS grew {grew_mib} MiB");
 }

@@ -179,6 +179,7 @@ mod tests {
     use std::sync::Arc;
 
     use super::*;
+    use crate::exec::capture::{CHUNK_OVERHEAD, GATHER};
     use crate::exec::{Budget, Captured};
     use crate::metrics::Metrics;
 
@@ -212,12 +213,14 @@ mod tests {
     #[tokio::test]
     async fn body_round_trips_with_spill_and_budget() {
         let dir = tempfile::tempdir().unwrap();
-        // A budget of 10 bytes: the first chunk stays in memory, the rest spills.
-        let b = Arc::new(Budget::new(10, Arc::new(Metrics::new())));
+        // A budget of one small-chunk buffer: the first chunk stays in memory, the rest
+        // spills.
+        let small = GATHER as u64 + CHUNK_OVERHEAD;
+        let b = Arc::new(Budget::new(small, Arc::new(Metrics::new())));
         let big: Vec<u8> = (0..50_000u32).map(|i| (i % 251) as u8).collect();
         let out = captured(&b, dir.path(), &[b"0123456789", &big, b"\x01\x02"]).await;
         let err = captured(&b, dir.path(), &[b"warn\n\"q\""]).await;
-        assert_eq!(b.used(), 10, "second stream could not fit");
+        assert_eq!(b.used(), small, "second stream could not fit");
         let finished = Finished {
             exit_code: Some(3),
             signal: None,

@@ -1,6 +1,8 @@
-//! One exec's captured output: counted against the node-wide memory [`Budget`], spilled
-//! to an unlinked temp file once the budget says no, and checked for UTF-8 validity as
-//! it arrives. Knows nothing of HTTP or of the guest.
+//! One exec's captured output: counted against the node-wide memory [`Budget`] on what it
+//! holds (allocations and their bookkeeping, not only payload bytes: a guest sending a
+//! million one-byte frames must not hold 40 MiB while charged 1 MiB), spilled to an
+//! unlinked temp file once the budget says no, and checked for UTF-8 validity as it
+//! arrives. Knows nothing of HTTP or of the guest.
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -11,6 +13,20 @@ use tokio::io::{AsyncReadExt, AsyncSeekExt, AsyncWriteExt};
 
 use crate::error::{Error, Result};
 use crate::metrics::Metrics;
+
+/// Output chunks smaller than this are gathered into shared buffers of this size, so many
+/// tiny frames cost one allocation per buffer instead of one per frame.
+pub const GATHER: usize = 4096;
+/// What one held chunk costs beyond its capacity: its queue slot and the allocator's
+/// header, rounded up.
+pub const CHUNK_OVERHEAD: u64 = 64;
+
+/// What holding `chunk` costs the budget. Fixed once it is queued: chunks only grow
+/// within their capacity.
+fn cost(chunk: &[u8], capacity: usize) -> u64 {
+    debug_assert!(chunk.len() <= capacity);
+    capacity as u64 + CHUNK_OVERHEAD
+}
 
 /// Node-wide bytes of buffered output allowed in memory.
 pub struct Budget {
@@ -88,11 +104,31 @@ impl Captured {
         self.utf8.push(&data);
         let n = data.len() as u64;
         // Once spilling, keep spilling so the order of bytes is memory prefix, file rest.
-        if self.spill.is_none() && self.budget.try_take(n) {
-            self.charged += n;
-            self.memory.push_back(data);
-            return Ok(());
-        }
+        let data = if self.spill.is_none() {
+            // A small chunk joins the last buffer when it has room: already charged.
+            if let Some(tail) = self.memory.back_mut() {
+                if data.len() < GATHER && tail.capacity() - tail.len() >= data.len() {
+                    tail.extend_from_slice(&data);
+                    return Ok(());
+                }
+            }
+            let chunk = if data.len() < GATHER {
+                let mut buffer = Vec::with_capacity(GATHER);
+                buffer.extend_from_slice(&data);
+                buffer
+            } else {
+                data
+            };
+            let c = cost(&chunk, chunk.capacity());
+            if self.budget.try_take(c) {
+                self.charged += c;
+                self.memory.push_back(chunk);
+                return Ok(());
+            }
+            chunk
+        } else {
+            data
+        };
         if self.spill.is_none() {
             let file = tempfile::tempfile_in(&self.spill_dir).map_err(Error::io(format!(
                 "spill file in {}",
@@ -134,7 +170,7 @@ impl Captured {
             let chunk = front[self.front_offset..end].to_vec();
             self.front_offset = end;
             if end == front.len() {
-                let freed = front.len() as u64;
+                let freed = cost(front, front.capacity());
                 self.memory.pop_front();
                 self.front_offset = 0;
                 self.charged -= freed;
@@ -209,6 +245,39 @@ impl Utf8Check {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn tiny_chunks_are_gathered_and_charged_for_what_they_hold() {
+        let metrics = Arc::new(Metrics::new());
+        let budget = Arc::new(Budget::new(1 << 20, metrics.clone()));
+        let dir = tempfile::tempdir().unwrap();
+        let mut c = Captured::new(budget.clone(), dir.path().to_path_buf());
+        for i in 0..10_000u32 {
+            c.push(vec![i as u8], &metrics).await.unwrap();
+        }
+        // 10 000 bytes in 3 buffers of 4 KiB, not 10 000 allocations.
+        assert_eq!(c.memory.len(), 3);
+        assert_eq!(budget.used(), 3 * (GATHER as u64 + CHUNK_OVERHEAD));
+        // A large chunk is kept as it came, charged with its overhead.
+        c.push(vec![7; 10_000], &metrics).await.unwrap();
+        assert_eq!(
+            budget.used(),
+            3 * (GATHER as u64 + CHUNK_OVERHEAD) + 10_000 + CHUNK_OVERHEAD
+        );
+        c.rewind().await.unwrap();
+        let mut out = Vec::new();
+        loop {
+            let chunk = c.next_chunk(1000).await.unwrap();
+            if chunk.is_empty() {
+                break;
+            }
+            out.extend_from_slice(&chunk);
+        }
+        assert_eq!(out.len(), 20_000);
+        assert!(out[..10_000].iter().enumerate().all(|(i, b)| *b == i as u8));
+        assert!(out[10_000..].iter().all(|b| *b == 7));
+        assert_eq!(budget.used(), 0, "everything handed out is given back");
+    }
 
     #[test]
     fn utf8_check_across_boundaries() {

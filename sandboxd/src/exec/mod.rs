@@ -137,10 +137,19 @@ async fn run(
             () = sleep_until(deadline) => break GiveUp::Timeout,
             () = client.closed() => break GiveUp::ClientGone,
         };
+        // A hostile guest must not keep this loop going for free: `Started` comes once and
+        // every output frame carries a byte (silkd never sends an empty one), so at most
+        // `max_output` frames pass before the cap below ends the exec.
         let (data, out) = match frame {
-            Ok(Response::Started { pid: p }) => {
+            Ok(Response::Started { pid: p }) if pid.is_none() => {
                 pid = Some(p);
                 continue;
+            }
+            Ok(Response::Started { .. }) => {
+                break GiveUp::Guest(Error::Guest("a second Started in one exec".into()))
+            }
+            Ok(Response::Stdout { data } | Response::Stderr { data }) if data.is_empty() => {
+                break GiveUp::Guest(Error::Guest("an empty output frame".into()))
             }
             Ok(Response::Stdout { data }) => (data, &mut stdout),
             Ok(Response::Stderr { data }) => (data, &mut stderr),
