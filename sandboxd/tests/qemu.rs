@@ -1,7 +1,8 @@
 //! Real VMs end to end through sandboxd's HTTP API, `engine = "qemu"` under TCG: golden
 //! with warmup, concurrent copy-on-write clones, per-clone identity (clock, hostname,
 //! randomness), the golden memory file untouched, exec and relay, kill from a second
-//! connection, balloon on/off, a killed QEMU failing its sandbox cleanly, SIGTERM.
+//! connection, a kill reaching `setsid` escapees (per-command cgroups), balloon on/off, a
+//! killed QEMU failing its sandbox cleanly, SIGTERM.
 //!
 //! Needs `qemu-system-x86_64` (`.ci/run` installs QEMU 10 from bookworm-backports) and
 //! the guest image (`cargo xtask image`, run by `cargo xtask test`). Without either the
@@ -307,6 +308,33 @@ async fn golden_clones_identity_exec_relay_kill() {
     assert!(
         procs.iter().all(|p| p.state == wire::ProcState::Exited),
         "{procs:?}"
+    );
+
+    // Per-command cgroups in the VM (silkd as PID 1 mounts cgroup2): a command's timeout
+    // kill reaches what it started in another session, which its process group would miss.
+    let r = d
+        .exec(
+            &ida,
+            &toka,
+            json!({"argv": ["sh", "-c", "setsid sleep 611 & sleep 611"], "timeout_seconds": 1}),
+        )
+        .await;
+    assert_eq!(r.status, 504, "{}", r.text());
+    // `61[1]`: the pattern must not match the checking shell's own command line. SIGKILL
+    // lands at once but dying takes the guest a moment: look up to 2 s.
+    let check = [
+        "sh",
+        "-c",
+        "grep -c ' /sys/fs/cgroup cgroup2 ' /proc/mounts; \
+         for i in 1 2 3 4 5 6 7 8 9 10; do \
+           n=$(cat /proc/[0-9]*/cmdline | tr '\\0' ' ' | grep -c 'sleep 61[1]'); \
+           [ \"$n\" = 0 ] && break; sleep 0.2; \
+         done; echo $n",
+    ];
+    assert_eq!(
+        stdout(&exec(&d, &ida, &toka, &check).await),
+        "1\n0\n",
+        "cgroup2 mounted once, and no sleep 611 left"
     );
 
     for (id, tok) in [(&ida, &toka), (&idb, &tokb)] {

@@ -203,3 +203,25 @@ async fn an_unusable_cgroup_dir_stops_silkd_with_a_reason() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("not a cgroup2 directory"), "{stderr}");
 }
+
+/// The fallback for kernels without `cgroup.kill` (freeze, SIGKILL every listed pid until
+/// none is left), run directly on a cgroup holding a setsid escapee.
+#[tokio::test]
+async fn the_fallback_kill_empties_a_cgroup_too() {
+    let cg = Cgroup2Dir::fresh("silkd-fallback");
+    let m = marker(7);
+    // The shell moves itself in before it forks anything: nothing starts outside.
+    let script = format!(
+        "echo $$ > {}/cgroup.procs && exec sh -c 'setsid sleep {m} & sleep {m}'",
+        cg.path().display()
+    );
+    let mut child = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .spawn()
+        .unwrap();
+    wait_count(&m, 2).await;
+    silkd::proc::cgroup::kill_listed(cg.path()).unwrap();
+    assert!(cg.pids().is_empty(), "{:?}", cg.pids());
+    let _ = child.wait();
+    assert_gone(&m).await;
+}

@@ -11,6 +11,7 @@ use std::os::fd::{FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -19,9 +20,9 @@ use crate::{Error, Result};
 
 /// `statfs` magic of a cgroup2 filesystem.
 const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
-/// Rounds of "list, kill" in the fallback: each round kills every pid listed, and a
-/// killed process forks no more, so only processes forked during a round survive it.
-const FALLBACK_ROUNDS: usize = 64;
+/// How long the fallback kill waits for a cgroup to empty. SIGKILLed processes leave
+/// `cgroup.procs` within microseconds; this only bounds a kernel that misbehaves.
+const FALLBACK_BOUND: Duration = Duration::from_secs(2);
 
 /// The directory commands' cgroups are created in.
 #[derive(Debug)]
@@ -136,28 +137,34 @@ impl ExecCgroups {
 pub fn kill_listed(path: &Path) -> Result<()> {
     let freeze = path.join("cgroup.freeze");
     let frozen = std::fs::write(&freeze, "1").is_ok();
-    let mut outcome = Ok(());
-    for _ in 0..FALLBACK_ROUNDS {
+    let deadline = Instant::now() + FALLBACK_BOUND;
+    let outcome = loop {
         let pids = match std::fs::read_to_string(path.join("cgroup.procs")) {
             Ok(text) => text,
             Err(e) => {
-                outcome = Err(Error::io(
+                break Err(Error::io(
                     format!("reading {}/cgroup.procs", path.display()),
                     e,
-                ));
-                break;
+                ))
             }
         };
         let pids: Vec<i32> = pids.lines().filter_map(|l| l.trim().parse().ok()).collect();
         if pids.is_empty() {
-            break;
+            break Ok(());
+        }
+        if Instant::now() > deadline {
+            break Err(Error::io(
+                format!("{} still holds {pids:?} after SIGKILL", path.display()),
+                std::io::Error::from(std::io::ErrorKind::TimedOut),
+            ));
         }
         for pid in pids {
             // ESRCH: it died between the listing and now.
             let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
         }
-        std::thread::yield_now();
-    }
+        // Killed processes take a moment to leave the list; look again shortly.
+        std::thread::sleep(Duration::from_millis(1));
+    };
     if frozen {
         let _ = std::fs::write(&freeze, "0");
     }
