@@ -356,7 +356,7 @@ async fn bodies_are_strict() {
             "POST",
             "/v1/claim",
             Some(ROOT),
-            Some(r#"["host","small",60]"#),
+            Some(r#"["base","small",60]"#),
         )
         .await;
     assert_eq!(r.status, 400, "{}", r.text());
@@ -403,7 +403,7 @@ async fn bodies_are_strict() {
     assert_eq!(r.status, 200, "{}", r.text());
     assert_eq!(r.json()["stdout"], "b=c\n");
     // PUT /v1/pools stays within the config's warm_max (4 in the test config).
-    let over = json!({"pools": [{"template": "host", "size": "small", "warm": 5, "warm_max": 5}]});
+    let over = json!({"pools": [{"template": "base", "size": "small", "warm": 5, "warm_max": 5}]});
     let r = d
         .call("PUT", "/v1/pools", Some(ROOT), Some(&over.to_string()))
         .await;

@@ -283,9 +283,7 @@ async fn hostile_guests_and_local_users_reach_nothing() {
     )
     .unwrap();
     let msg = wait_until(Duration::from_secs(10), "exec answering 502", async || {
-        let r = d
-            .exec(&spammer, ROOT, json!({ "argv": ["true"] }))
-            .await;
+        let r = d.exec(&spammer, ROOT, json!({ "argv": ["true"] })).await;
         if r.status == 502 {
             Ok(r.json()["error"].as_str().unwrap().to_string())
         } else {
