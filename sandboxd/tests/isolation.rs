@@ -406,6 +406,41 @@ async fn seccomp_and_the_user_namespace_hold() {
     d.stop().await;
 }
 
+/// A give-up kill reaches what the command started even after it left its process group
+/// (`setsid`): the sandbox's cgroup2 directory is delegated to it, and silkd runs each
+/// command in a child cgroup of it and kills that cgroup. The delegated directory is the
+/// sandbox's own: writing a pid of it above is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_reaches_setsid_escapees() {
+    let d = Daemon::start(Setup::default()).await;
+    steady(&d).await;
+    let census = Census::new(&d.dir, uid_range(&d.dir));
+    let before = census.count();
+    let a = d.claim().await;
+    let m = marker(6);
+    let r = sh(&d, &a, &format!("setsid sleep {m} & sleep {m}"), 1).await;
+    assert_eq!(r.status, 504, "{r:?}");
+    // SIGKILL through cgroup.kill is synchronous for the kernel, the reaping is not.
+    wait_until(Duration::from_secs(5), "no sleep left", async || {
+        procs_with(&m).is_empty()
+    })
+    .await;
+    // The cgroup is mounted at /sys/fs/cgroup; the host's cgroup tree above it is not
+    // there to write to (cgroup namespace + bind of the sandbox's own directory).
+    let r = sh(
+        &d,
+        &a,
+        "ls /sys/fs/cgroup/cgroup.procs && echo $$ > /sys/fs/cgroup/../cgroup.procs; echo up=$?",
+        5,
+    )
+    .await;
+    assert!(r.out.contains("/sys/fs/cgroup/cgroup.procs"), "{r:?}");
+    assert!(!r.out.contains("up=0"), "{r:?}");
+    release(&d, &a.0).await;
+    census.wait_back_to(&before).await;
+    d.stop().await;
+}
+
 /// `rootfs = "/"` runs only with the loud opt-in, which `/v1/info` then reports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_host_rootfs_needs_the_opt_in() {

@@ -49,7 +49,11 @@ impl Census {
                 continue;
             }
             let mount = match controllers {
-                "" => PathBuf::from("/sys/fs/cgroup"),
+                // cgroup2: the whole tree on a pure v2 host, `unified` on a hybrid one.
+                "" if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() => {
+                    PathBuf::from("/sys/fs/cgroup")
+                }
+                "" => PathBuf::from("/sys/fs/cgroup/unified"),
                 c => Path::new("/sys/fs/cgroup").join(c),
             };
             let parent = Path::new(path).parent().unwrap().strip_prefix("/").unwrap();

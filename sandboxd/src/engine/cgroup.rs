@@ -1,6 +1,11 @@
 //! Per-sandbox cgroups for the process engine: cpu, memory and pids limits, and "kill every
 //! process in this sandbox". v2 where the host runs the unified hierarchy, v1 per controller
 //! otherwise; whatever cannot be applied becomes a plain warning for `/v1/info`.
+//!
+//! Each sandbox's cgroup2 directory (its v2 group, or on a hybrid host a group in the
+//! `unified` hierarchy, which carries no limits) can be delegated to the sandbox's uid:
+//! silkd then runs each command in a child cgroup of it and kills the cgroup, so a
+//! command's `setsid` escapees die with it.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
@@ -37,6 +42,8 @@ enum Version {
 #[derive(Debug)]
 pub struct Cgroup {
     dirs: Vec<PathBuf>,
+    /// The cgroup2 directory among `dirs`, if the host has a cgroup2 hierarchy.
+    v2: Option<PathBuf>,
 }
 
 impl Cgroups {
@@ -97,6 +104,16 @@ impl Cgroups {
                 )),
             }
         }
+        // A hybrid host's cgroup2 hierarchy holds no controllers, but it is where silkd can
+        // give each command a cgroup of its own (optional: without it kills reach process
+        // groups only).
+        let unified = root.join("unified");
+        if unified.join("cgroup.procs").exists() {
+            let parent = unified.join(TOP).join(instance);
+            if fs::create_dir_all(&parent).is_ok() {
+                places.push(("cgroup2", parent, Version::V2));
+            }
+        }
         Cgroups { places, warnings }
     }
 
@@ -109,13 +126,19 @@ impl Cgroups {
     /// their `cgroup.procs` files opened for writing, so the launcher can move its child in
     /// before exec (writing "0" moves the writer).
     pub fn create(&self, id: &str, size: &SizeConfig) -> std::io::Result<(Cgroup, Vec<File>)> {
-        let mut group = Cgroup { dirs: Vec::new() };
+        let mut group = Cgroup {
+            dirs: Vec::new(),
+            v2: None,
+        };
         let mut procs = Vec::new();
         for (controller, parent, version) in &self.places {
             let dir = parent.join(id);
             if !group.dirs.contains(&dir) {
                 fs::create_dir(&dir)?;
                 group.dirs.push(dir.clone());
+                if *version == Version::V2 {
+                    group.v2 = Some(dir.clone());
+                }
                 procs.push(
                     OpenOptions::new()
                         .write(true)
@@ -147,6 +170,7 @@ impl Cgroups {
                 if entry.path().is_dir() {
                     let stale = Cgroup {
                         dirs: vec![entry.path()],
+                        v2: None,
                     };
                     stale.kill_all();
                     stale.remove();
@@ -177,10 +201,48 @@ fn limit_files(
 }
 
 impl Cgroup {
-    /// Pids currently in any of the groups.
+    /// Hands the cgroup2 directory to `uid`/`gid` (the directory and the files a delegate
+    /// writes: `cgroup.procs`, `cgroup.threads`, `cgroup.subtree_control`), so the sandbox
+    /// can make child cgroups and move its processes between them, never above. Limits stay
+    /// root's. Returns the directory, or `None` on a host without cgroup2.
+    pub fn delegate(&self, uid: u32, gid: u32) -> std::io::Result<Option<&Path>> {
+        let Some(dir) = &self.v2 else {
+            return Ok(None);
+        };
+        let owner = (Some(uid), Some(gid));
+        std::os::unix::fs::chown(dir, owner.0, owner.1)?;
+        for file in ["cgroup.procs", "cgroup.threads", "cgroup.subtree_control"] {
+            let path = dir.join(file);
+            if path.exists() {
+                std::os::unix::fs::chown(&path, owner.0, owner.1)?;
+            }
+        }
+        Ok(Some(dir))
+    }
+
+    /// Every directory of the groups, children (a delegate's) before their parents.
+    fn tree(&self) -> Vec<PathBuf> {
+        fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+            if let Ok(entries) = fs::read_dir(dir) {
+                for e in entries.flatten() {
+                    if e.file_type().is_ok_and(|t| t.is_dir()) {
+                        walk(&e.path(), out);
+                    }
+                }
+            }
+            out.push(dir.to_path_buf());
+        }
+        let mut out = Vec::new();
+        for dir in &self.dirs {
+            walk(dir, &mut out);
+        }
+        out
+    }
+
+    /// Pids currently in any of the groups or their children.
     pub fn pids(&self) -> Vec<i32> {
         let mut pids = Vec::new();
-        for dir in &self.dirs {
+        for dir in self.tree() {
             if let Ok(text) = fs::read_to_string(dir.join("cgroup.procs")) {
                 pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
             }
@@ -212,8 +274,8 @@ impl Cgroup {
             self.kill_all();
             std::thread::sleep(Duration::from_millis(5));
         }
-        for dir in &self.dirs {
-            if let Err(e) = fs::remove_dir(dir) {
+        for dir in self.tree() {
+            if let Err(e) = fs::remove_dir(&dir) {
                 if e.kind() != std::io::ErrorKind::NotFound {
                     tracing::warn!(dir = %dir.display(), "cannot remove cgroup: {e}");
                 }

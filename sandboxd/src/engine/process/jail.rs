@@ -28,8 +28,11 @@ pub const WORK_DIR: &str = "/home/sandbox";
 /// The fds bwrap reads its info and seccomp programs from, in the child.
 pub const INFO_FD: i32 = 3;
 pub const SECCOMP_FDS: [i32; 2] = [4, 5];
-/// Rootfs entries the sandbox gets its own of instead (fresh proc, dev and tmpfs).
-const OWN_MOUNTS: [&str; 5] = ["proc", "dev", "tmp", "run", "home"];
+/// Inside the sandbox: where its delegated cgroup2 directory is bound.
+pub const CGROUP_DIR: &str = "/sys/fs/cgroup";
+/// Rootfs entries the sandbox gets its own of instead (fresh proc, dev and tmpfs; `/sys`
+/// holds only the delegated cgroup, never the host's sysfs).
+const OWN_MOUNTS: [&str; 6] = ["proc", "dev", "tmp", "run", "home", "sys"];
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Everything that decides one sandbox's bwrap command.
@@ -44,6 +47,9 @@ pub struct Inputs<'a> {
     /// The unprivileged host uid/gid to run as; `None` runs as sandboxd's own user.
     pub identity: Option<(u32, u32)>,
     pub seccomp: bool,
+    /// The sandbox's delegated cgroup2 directory: bound at [`CGROUP_DIR`] and given to
+    /// silkd (`--cgroup`), which runs each command in a child cgroup of it.
+    pub cgroup2: Option<&'a Path>,
 }
 
 /// bwrap's arguments, and what the child does before exec.
@@ -82,7 +88,7 @@ impl Plan {
         // path so the launcher's command line still names it (tests and sweeps find a
         // sandbox's processes by its data_dir).
         let base = Path::new(STAGE_MOUNT).join(inp.dir.strip_prefix("/").unwrap_or(inp.dir));
-        let (root_src, sock_src, file_srcs) = match &mut stage {
+        let (root_src, sock_src, file_srcs, cgroup_src) = match &mut stage {
             None => (
                 inp.rootfs.to_path_buf(),
                 sock.clone(),
@@ -91,6 +97,7 @@ impl Plan {
                     .into_iter()
                     .map(|(host, _)| host)
                     .collect(),
+                inp.cgroup2.map(Path::to_path_buf),
             ),
             Some(st) => {
                 let mut at = PathBuf::from(STAGE_MOUNT);
@@ -98,8 +105,12 @@ impl Plan {
                     at.push(part);
                     st.dirs.push(c_path(&at)?);
                 }
-                for sub in ["root", "sock", "files"] {
+                for sub in ["root", "sock", "files", "cgroup"] {
                     st.dirs.push(c_path(&base.join(sub))?);
+                }
+                if let Some(cg) = inp.cgroup2 {
+                    st.binds
+                        .push((c_path(cg)?, c_path(&base.join("cgroup"))?, false));
                 }
                 st.binds
                     .push((c_path(inp.rootfs)?, c_path(&base.join("root"))?, true));
@@ -112,7 +123,8 @@ impl Plan {
                     st.binds.push((c_path(&host)?, c_path(&staged)?, false));
                     srcs.push(staged);
                 }
-                (base.join("root"), base.join("sock"), srcs)
+                let cgroup_src = inp.cgroup2.map(|_| base.join("cgroup"));
+                (base.join("root"), base.join("sock"), srcs, cgroup_src)
             }
         };
 
@@ -165,6 +177,13 @@ impl Plan {
             sock_src.as_os_str(),
             OsStr::new(SOCK_DIR),
         ]);
+        if let Some(src) = &cgroup_src {
+            a.push([
+                OsStr::new("--bind"),
+                src.as_os_str(),
+                OsStr::new(CGROUP_DIR),
+            ]);
+        }
         for (src, (_, inside)) in file_srcs.iter().zip(inp.silkd.binds()) {
             a.push([
                 OsStr::new("--ro-bind"),
@@ -184,6 +203,9 @@ impl Plan {
         a.push(["--"]);
         a.push(inp.silkd.command());
         a.push(["--listen", &format!("unix:{SOCK_DIR}/{SOCK_NAME}")]);
+        if cgroup_src.is_some() {
+            a.push(["--cgroup", CGROUP_DIR]);
+        }
         Ok(Plan { args: a.0, stage })
     }
 }

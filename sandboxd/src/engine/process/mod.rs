@@ -158,15 +158,7 @@ impl ProcessEngine {
         std::fs::set_permissions(&sock, std::fs::Permissions::from_mode(0o700))
             .map_err(io("chmod sock in"))?;
         let (exited_tx, exited) = watch::channel(false);
-        let plan = Plan::new(&Inputs {
-            id: &id,
-            dir: &dir,
-            rootfs: &spec.template_config.rootfs,
-            silkd: &self.silkd,
-            tmpfs_bytes: spec.size_config.disk_mib * 1024 * 1024,
-            identity: identity.as_ref().map(|i| (i.uid(), i.gid())),
-            seccomp: self.seccomp.is_some(),
-        });
+        let ids = identity.as_ref().map(|i| (i.uid(), i.gid()));
         let guest = ProcessGuest {
             id: id.clone(),
             socket: sock.join(SOCK_NAME),
@@ -180,17 +172,36 @@ impl ProcessEngine {
             _identity: identity,
         };
         // From here on, dropping `guest` on an error path kills whatever was started.
-        let plan = plan.map_err(|e| {
+        let (cgroup, procs) = self
+            .cgroups
+            .create(&id, &spec.size_config)
+            .map_err(Error::io(format!("creating cgroup for {id}")))?;
+        // Only a sandbox with an identity of its own gets its cgroup2 directory: as
+        // sandboxd's own user, the delegate would be sandboxd.
+        let cgroup2 = match ids {
+            Some((uid, gid)) => cgroup
+                .delegate(uid, gid)
+                .map_err(Error::io(format!("delegating the cgroup of {id}")))?
+                .map(Path::to_path_buf),
+            None => None,
+        };
+        *guest.cgroup.lock().expect("cgroup lock") = Some(cgroup);
+        let plan = Plan::new(&Inputs {
+            id: &id,
+            dir: &dir,
+            rootfs: &spec.template_config.rootfs,
+            silkd: &self.silkd,
+            tmpfs_bytes: spec.size_config.disk_mib * 1024 * 1024,
+            identity: ids,
+            seccomp: self.seccomp.is_some(),
+            cgroup2: cgroup2.as_deref(),
+        })
+        .map_err(|e| {
             Error::Engine(format!(
                 "reading rootfs {}: {e}",
                 spec.template_config.rootfs.display()
             ))
         })?;
-        let (cgroup, procs) = self
-            .cgroups
-            .create(&id, &spec.size_config)
-            .map_err(Error::io(format!("creating cgroup for {id}")))?;
-        *guest.cgroup.lock().expect("cgroup lock") = Some(cgroup);
 
         let log = std::fs::File::create(dir.join("log"))
             .map_err(Error::io(format!("creating {}/log", dir.display())))?;
