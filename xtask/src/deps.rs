@@ -1,5 +1,5 @@
 //! `cargo xtask deps`: the one home of system package installation (bubblewrap, file,
-//! procps, QEMU 10 from bookworm-backports). `.ci/run` runs it, `cargo xtask up` runs it
+//! procps, mmdebstrap, erofs-utils, QEMU 10 from bookworm-backports). `.ci/run` runs it, `cargo xtask up` runs it
 //! leniently, and `cargo xtask test` checks its result first. As root it installs what is
 //! missing with apt; otherwise it prints the apt commands to run. It never removes anything.
 
@@ -19,12 +19,19 @@ const QEMU_WANTED: Version = Version(10, 0);
 pub const QEMU_OLDEST: Version = Version(7, 2);
 const BACKPORTS_SUITE: &str = "bookworm-backports";
 const BACKPORTS_SOURCES: &str = "/etc/apt/sources.list.d/backports.sources";
-const APT_LISTS: &str = "/var/lib/apt/lists";
+pub(crate) const APT_LISTS: &str = "/var/lib/apt/lists";
 
 /// Every plain package the tests and a node need, as (the tool that shows it is
 /// installed, its Debian package): add new ones here. QEMU, the one package with a
 /// version requirement, is [`QEMU_PACKAGE`].
-const PACKAGES: [(&str, &str); 3] = [("bwrap", "bubblewrap"), ("file", "file"), ("ps", "procps")];
+/// `mmdebstrap` and `mkfs.erofs` build Debian templates (`cargo xtask image --template`).
+const PACKAGES: [(&str, &str); 5] = [
+    ("bwrap", "bubblewrap"),
+    ("file", "file"),
+    ("ps", "procps"),
+    ("mmdebstrap", "mmdebstrap"),
+    ("mkfs.erofs", "erofs-utils"),
+];
 
 /// A version's major and minor numbers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -263,7 +270,7 @@ fn add_backports(apt: &mut Apt) -> Result<()> {
     {
         return Ok(());
     }
-    let mirror = bookworm_mirror()?;
+    let mirror = mirror("bookworm")?;
     say(&format!(
         "adding {BACKPORTS_SUITE} from {mirror} to {BACKPORTS_SOURCES}"
     ));
@@ -280,9 +287,9 @@ fn backports_sources(mirror: &str) -> String {
     )
 }
 
-/// The first bookworm mirror in `/etc/apt/sources.list.d/*.sources`, else in
-/// `/etc/apt/sources.list`.
-fn bookworm_mirror() -> Result<String> {
+/// The first mirror for `suite` (`bookworm`, `bookworm-security`) in
+/// `/etc/apt/sources.list.d/*.sources`, else in `/etc/apt/sources.list`.
+pub(crate) fn mirror(suite: &str) -> Result<String> {
     let dir = Path::new("/etc/apt/sources.list.d");
     let mut files: Vec<_> = fs::read_dir(dir)
         .map_err(Error::io("listing apt sources", dir))?
@@ -293,16 +300,15 @@ fn bookworm_mirror() -> Result<String> {
     files.sort();
     for file in files {
         let text = fs::read_to_string(&file).unwrap_or_default();
-        if let Some(uri) = deb822_mirror(&text, "bookworm") {
+        if let Some(uri) = deb822_mirror(&text, suite) {
             return Ok(uri);
         }
     }
     let list = fs::read_to_string("/etc/apt/sources.list").unwrap_or_default();
-    one_line_mirror(&list, "bookworm").ok_or_else(|| {
-        Error::Invalid(
-            "no bookworm mirror in /etc/apt/sources.list.d/*.sources or /etc/apt/sources.list"
-                .into(),
-        )
+    one_line_mirror(&list, suite).ok_or_else(|| {
+        Error::Invalid(format!(
+            "no {suite} mirror in /etc/apt/sources.list.d/*.sources or /etc/apt/sources.list"
+        ))
     })
 }
 
@@ -373,7 +379,7 @@ fn leading_version(text: &str) -> Option<Version> {
     Some(Version(major, minor))
 }
 
-fn is_root() -> Result<bool> {
+pub(crate) fn is_root() -> Result<bool> {
     Ok(tool::output(Command::new("id").arg("-u"))?.trim() == "0")
 }
 

@@ -16,15 +16,17 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Task {
-    /// Install the system packages the tests need (bubblewrap, file, procps, QEMU 10), as
-    /// root; otherwise print the apt commands. Fails unless all are there afterwards.
+    /// Install the system packages the tests need (bubblewrap, file, procps, mmdebstrap,
+    /// erofs-utils, QEMU 10), as root; otherwise print the apt commands. Fails unless all
+    /// are there afterwards.
     Deps,
     /// The gate CI runs: system packages (checked), fmt, clippy, every binary and example,
     /// the guest image, then every test.
     Test(test::Args),
     /// Build silkd as a static release binary and print its path.
     BuildSilkd,
-    /// Build the guest image (kernel, initramfs, rootfs, manifest) from Debian packages.
+    /// Build a template's image (kernel, initramfs, rootfs, manifest): `base` by default,
+    /// `--template NAME` from templates/NAME.toml, or `--from-oci PATH` from an OCI image.
     Image(image::Args),
     /// Set up and start a node: system packages (as root), release build, guest image,
     /// config under target/up/, sbx configured and on PATH; then sandboxd in the foreground.

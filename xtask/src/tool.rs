@@ -79,7 +79,7 @@ fn spawn_error(cmd: &Command, command: String, source: io::Error) -> Error {
 
 fn install_hint(tool: &str) -> &'static str {
     match tool {
-        "file" | "bwrap" => "`cargo xtask deps` installs it",
+        "file" | "bwrap" | "mmdebstrap" | "mkfs.erofs" => "`cargo xtask deps` installs it",
         "apt-get" | "apt-cache" | "dpkg-deb" => {
             "the image is built from Debian packages: run on Debian 12"
         }

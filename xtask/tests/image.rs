@@ -81,9 +81,8 @@ fn busybox_cpio(busybox: &Path, dir: &Path, args: &[&str], archive: &Path) -> St
 
 fn build(out: PathBuf) -> Manifest {
     let args = image::Args {
-        out,
-        cache: xtask::workspace_root().join("target/images/cache"),
-        silkd: None,
+        out: Some(out),
+        ..image::Args::default()
     };
     image::build(&args).unwrap_or_else(|e| panic!("{}", xtask::error_chain(&e)))
 }

@@ -1,11 +1,13 @@
 //! `manifest.json`: what the image is made of and the sha256 of each artifact, plus
 //! one image digest that changes whenever any artifact does (sandboxd stamps goldens
-//! with it).
+//! with it), and how commands run in the template (user, working directory, env).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
+
+use super::spec::Source;
 
 /// Bumped when a field changes meaning.
 pub const FORMAT: u32 = 1;
@@ -25,6 +27,50 @@ pub struct Manifest {
     pub artifacts: BTreeMap<String, String>,
     /// `sha256:` + [`image_digest`] of `artifacts`.
     pub image_digest: String,
+    /// How commands run in this template, and where it came from.
+    pub template: Template,
+    /// Every Debian package in the root filesystem (`dpkg-query` in the tree), by name;
+    /// empty for `base` (see `busybox`) and for OCI images without dpkg.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub packages: Vec<PackageVersion>,
+}
+
+/// What the engines read to run commands in the template. docs/templates.md.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Template {
+    pub name: String,
+    pub from: Source,
+    /// sha256 of the spec and its files (`debian`, `busybox`), or the OCI image
+    /// manifest's digest (`oci`).
+    pub source_digest: String,
+    /// The build's cache key: equal keys, equal images. None for `busybox`, which
+    /// rebuilds from its package cache in seconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_key: Option<String>,
+    /// silkd's absolute path inside the root filesystem.
+    pub silkd: String,
+    /// The read-only filesystem image of `rootfs/`, relative to the output directory;
+    /// None for `busybox`, whose root filesystem is the initramfs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rootfs_image: Option<String>,
+    pub user: User,
+    /// Where commands start unless a request says otherwise.
+    pub workdir: String,
+    /// Set for every command, on top of the engine's own (`HOME`, `USER`, `PATH`, …).
+    pub env: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct User {
+    pub name: String,
+    pub uid: u32,
+    pub gid: u32,
+    pub home: String,
+    pub shell: String,
+    /// Passwordless sudo is configured for this user.
+    pub sudo: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -1,12 +1,17 @@
-//! `cargo xtask image`: the guest image, from Debian packages only. Fetches the cloud
-//! kernel and busybox-static (cached by version), takes the static silkd as `/init`,
-//! and writes `vmlinuz`, `initramfs.cpio.gz`, `rootfs/` and `manifest.json` into the
-//! output directory, replacing the previous image only once the new one is complete.
-//! docs/image.md describes the layout and the contract with silkd's PID-1 code.
+//! `cargo xtask image`: a template's image. `base` (the default) is busybox and silkd
+//! from Debian packages, assembled in memory; its kernel and initramfs are also the
+//! boot stage of every other template. Other templates come from `templates/NAME.toml`
+//! (mmdebstrap, [`debian`]) or from an OCI image ([`oci`]); both end in [`rootfs`]. The
+//! output directory is replaced only once the new image is complete. docs/image.md
+//! describes `base` and the contract with silkd's PID-1 code, docs/templates.md the rest.
 
 pub mod apt;
+pub mod debian;
 pub mod kmod;
 pub mod manifest;
+pub mod oci;
+pub mod rootfs;
+pub mod spec;
 pub mod tree;
 
 use std::collections::BTreeMap;
@@ -22,6 +27,7 @@ use sha2::{Digest, Sha256};
 use crate::{silkd, tool, workspace_root, Error, Result};
 use apt::{Cache, Fetched, Package};
 use manifest::Manifest;
+use spec::Source;
 use tree::Tree;
 
 /// The meta package whose dependency names the real, versioned kernel package.
@@ -32,31 +38,53 @@ pub const MODULES_LIST: &str = "etc/silkd/modules";
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// Where the image goes.
-    #[arg(long, default_value_os_t = default_out())]
-    pub out: PathBuf,
+    /// The template: templates/NAME.toml, or the name an OCI import gets.
+    #[arg(long, default_value = "base")]
+    pub template: String,
+    /// Import this OCI image layout directory or `docker save` archive instead of
+    /// reading a spec.
+    #[arg(long, value_name = "PATH")]
+    pub from_oci: Option<PathBuf>,
+    /// Where the image goes [default: target/images/<template>].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
     /// Downloaded and unpacked packages, reused across runs.
     #[arg(long, default_value_os_t = default_cache())]
     pub cache: PathBuf,
     /// Use this silkd binary instead of building the static one.
     #[arg(long)]
     pub silkd: Option<PathBuf>,
+    /// Where the template specs are.
+    #[arg(long, default_value_os_t = workspace_root().join("templates"))]
+    pub templates: PathBuf,
 }
 
 /// What `cargo xtask image` with no flags does (the test gate and `up` use it).
 impl Default for Args {
     fn default() -> Self {
         Args {
-            out: default_out(),
+            template: "base".into(),
+            from_oci: None,
+            out: None,
             cache: default_cache(),
             silkd: None,
+            templates: workspace_root().join("templates"),
         }
+    }
+}
+
+impl Args {
+    /// `--out`, else `target/images/<template>`.
+    pub fn out(&self) -> PathBuf {
+        self.out
+            .clone()
+            .unwrap_or_else(|| workspace_root().join("target/images").join(&self.template))
     }
 }
 
 /// `target/images/base`: where sandboxd's qemu tests and `cargo xtask up` look.
 pub fn default_out() -> PathBuf {
-    workspace_root().join("target/images/base")
+    Args::default().out()
 }
 
 fn default_cache() -> PathBuf {
@@ -65,20 +93,174 @@ fn default_cache() -> PathBuf {
 
 pub fn run(args: &Args) -> Result<()> {
     let manifest = build(args)?;
+    let out = args.out();
     eprintln!(
-        "image: {} (kernel {}, image {})",
-        args.out.display(),
+        "image: {} (template {}, kernel {}, image {})",
+        out.display(),
+        manifest.template.name,
         manifest.kernel.release,
         manifest.image_digest
     );
-    println!("{}", args.out.display());
+    println!("{}", out.display());
     Ok(())
 }
 
-/// Builds the image into `args.out` and returns its manifest.
+/// Progress lines on stderr, each with the time since the build started.
+pub struct Progress {
+    started: Instant,
+}
+
+impl Progress {
+    pub fn start() -> Progress {
+        Progress {
+            started: Instant::now(),
+        }
+    }
+
+    pub fn step(&self, what: &str) {
+        eprintln!(
+            "image: [{:>6.1}s] {what}",
+            self.started.elapsed().as_secs_f64()
+        );
+    }
+}
+
+/// Builds the template `args` names into `args.out()` and returns its manifest.
 pub fn build(args: &Args) -> Result<Manifest> {
-    let started = Instant::now();
-    let step = |what: &str| eprintln!("image: [{:>5.1}s] {what}", started.elapsed().as_secs_f64());
+    let progress = Progress::start();
+    if let Some(path) = &args.from_oci {
+        spec::check_name(&args.template)?;
+        return oci::build(args, path, &progress);
+    }
+    let loaded = spec::load(&args.templates, &args.template)?;
+    match loaded.spec.from {
+        Source::Busybox => build_busybox(args, &loaded, &progress),
+        Source::Debian => debian::build(args, &loaded, &progress),
+        Source::Oci => unreachable!("spec::validate refuses `from = \"oci\"`"),
+    }
+}
+
+/// The kernel, the initramfs and what went into them: all of `base`, and the boot
+/// stage of every other template.
+pub struct Boot {
+    pub kernel: manifest::Kernel,
+    pub busybox: manifest::PackageVersion,
+    pub modules: Vec<String>,
+    /// The initramfs's file tree (`base`'s root filesystem).
+    pub tree: Tree,
+    pub vmlinuz: Vec<u8>,
+    pub initramfs: Vec<u8>,
+    /// The static silkd: `/init` in the initramfs.
+    pub silkd: Vec<u8>,
+}
+
+impl Boot {
+    /// Writes `vmlinuz` and `initramfs.cpio.gz` into `dir`; returns their digests as
+    /// manifest artifacts.
+    pub fn write(&self, dir: &Path, progress: &Progress) -> Result<BTreeMap<String, String>> {
+        progress.step("writing vmlinuz and initramfs.cpio.gz");
+        write(&dir.join("vmlinuz"), &self.vmlinuz)?;
+        write(&dir.join("initramfs.cpio.gz"), &self.initramfs)?;
+        Ok(BTreeMap::from([
+            (
+                "initramfs.cpio.gz".to_string(),
+                hex::encode(Sha256::digest(&self.initramfs)),
+            ),
+            (
+                "vmlinuz".to_string(),
+                hex::encode(Sha256::digest(&self.vmlinuz)),
+            ),
+        ]))
+    }
+}
+
+/// `base`: the boot stage's tree is the whole root filesystem.
+fn build_busybox(args: &Args, loaded: &spec::Loaded, progress: &Progress) -> Result<Manifest> {
+    let boot = boot_stage(args, progress)?;
+    let out = args.out();
+    let staging = sibling(&out, "new")?;
+    apt::recreate_dir(&staging)?;
+    let mut artifacts = boot.write(&staging, progress)?;
+    progress.step("writing rootfs/");
+    boot.tree.write_dir(&staging.join("rootfs"))?;
+    artifacts.insert("rootfs".to_string(), boot.tree.rootfs_digest());
+    let spec = &loaded.spec;
+    let template = manifest::Template {
+        name: loaded.name.clone(),
+        from: Source::Busybox,
+        source_digest: loaded.hash.clone(),
+        cache_key: None,
+        silkd: "/init".into(),
+        rootfs_image: None,
+        user: manifest::User {
+            name: spec.user.name.clone(),
+            uid: spec.user.uid,
+            gid: spec.user.uid,
+            home: spec.user.home.clone(),
+            shell: spec.shell().to_string(),
+            sudo: false,
+        },
+        workdir: spec.workdir().to_string(),
+        env: spec.env.clone(),
+    };
+    let manifest = boot.manifest(artifacts, template, Vec::new());
+    finish(&staging, &out, &manifest)?;
+    progress.step(&format!(
+        "done: vmlinuz {} KiB, initramfs {} KiB",
+        boot.vmlinuz.len() / 1024,
+        boot.initramfs.len() / 1024
+    ));
+    Ok(manifest)
+}
+
+impl Boot {
+    /// The manifest of an image made of this boot stage plus `artifacts`.
+    pub fn manifest(
+        &self,
+        artifacts: BTreeMap<String, String>,
+        template: manifest::Template,
+        packages: Vec<manifest::PackageVersion>,
+    ) -> Manifest {
+        Manifest {
+            format: manifest::FORMAT,
+            kernel: self.kernel.clone(),
+            busybox: self.busybox.clone(),
+            modules: self.modules.clone(),
+            image_digest: format!("sha256:{}", manifest::image_digest(&artifacts)),
+            artifacts,
+            template,
+            packages,
+        }
+    }
+}
+
+/// Writes `manifest.json` into `staging` and moves `staging` to `out`.
+pub fn finish(staging: &Path, out: &Path, manifest: &Manifest) -> Result<()> {
+    let json = serde_json::to_string_pretty(manifest).expect("a manifest always serializes");
+    write(
+        &staging.join("manifest.json"),
+        format!("{json}\n").as_bytes(),
+    )?;
+    replace_dir(staging, out)
+}
+
+/// The manifest already in `out` when it was built with `cache_key` and every artifact
+/// it names is still there: the build can stop.
+pub fn cached(out: &Path, cache_key: &str) -> Option<Manifest> {
+    let text = fs::read(out.join("manifest.json")).ok()?;
+    let manifest: Manifest = serde_json::from_slice(&text).ok()?;
+    let complete = manifest.template.cache_key.as_deref() == Some(cache_key)
+        && out.join("rootfs").is_dir()
+        && manifest
+            .artifacts
+            .keys()
+            .all(|name| out.join(name).exists());
+    complete.then_some(manifest)
+}
+
+/// Resolves, fetches and assembles the boot stage (kernel, busybox, silkd, modules).
+pub fn boot_stage(args: &Args, progress: &Progress) -> Result<Boot> {
+    let step = |what: &str| progress.step(what);
     tool::require(&["apt-cache", "apt-get", "dpkg-deb"])?;
 
     step("resolving packages");
@@ -130,7 +312,8 @@ pub fn build(args: &Args) -> Result<Manifest> {
     let busybox_bin = busybox_dir.join("bin/busybox");
     let mut tree = Tree::default();
     base_layout(&mut tree);
-    tree.file("init", read(&silkd_path, "reading silkd")?, 0o755);
+    let silkd = read(&silkd_path, "reading silkd")?;
+    tree.file("init", silkd.clone(), 0o755);
     tree.file("bin/busybox", read(&busybox_bin, "reading busybox")?, 0o755);
     let applets = tool::output(Command::new(&busybox_bin).arg("--list-full"))?;
     for applet in applets.lines().map(str::trim).filter(|a| !a.is_empty()) {
@@ -151,37 +334,21 @@ pub fn build(args: &Args) -> Result<Manifest> {
     let list: String = module_paths.iter().map(|p| format!("{p}\n")).collect();
     tree.file(MODULES_LIST, list.into_bytes(), 0o644);
 
-    let staging = sibling(&args.out, "new")?;
-    apt::recreate_dir(&staging)?;
-
-    step("writing vmlinuz");
     let vmlinuz_src = kernel_dir.join(format!("boot/vmlinuz-{release}"));
     let vmlinuz = read(&vmlinuz_src, "reading the kernel image")?;
-    write(&staging.join("vmlinuz"), &vmlinuz)?;
-
-    step("writing initramfs.cpio.gz");
+    step("compressing the initramfs");
     let mut gz = GzEncoder::new(Vec::new(), flate2::Compression::default());
     tree.write_cpio(&mut gz)
         .and_then(|()| gz.flush())
-        .map_err(Error::io("compressing the initramfs", &staging))?;
-    let initramfs = gz
-        .finish()
-        .map_err(Error::io("compressing the initramfs", &staging))?;
-    write(&staging.join("initramfs.cpio.gz"), &initramfs)?;
-
-    step("writing rootfs/");
-    tree.write_dir(&staging.join("rootfs"))?;
-
-    let artifacts = BTreeMap::from([
-        (
-            "initramfs.cpio.gz".to_string(),
-            hex::encode(Sha256::digest(&initramfs)),
-        ),
-        ("rootfs".to_string(), tree.rootfs_digest()),
-        ("vmlinuz".to_string(), hex::encode(Sha256::digest(&vmlinuz))),
-    ]);
-    let manifest = Manifest {
-        format: manifest::FORMAT,
+        .map_err(Error::io(
+            "compressing the initramfs",
+            Path::new("initramfs.cpio.gz"),
+        ))?;
+    let initramfs = gz.finish().map_err(Error::io(
+        "compressing the initramfs",
+        Path::new("initramfs.cpio.gz"),
+    ))?;
+    Ok(Boot {
         kernel: manifest::Kernel {
             package: kernel.name.clone(),
             version: kernel.version.clone(),
@@ -192,22 +359,11 @@ pub fn build(args: &Args) -> Result<Manifest> {
             version: busybox.version.clone(),
         },
         modules: module_paths,
-        image_digest: format!("sha256:{}", manifest::image_digest(&artifacts)),
-        artifacts,
-    };
-    let json = serde_json::to_string_pretty(&manifest).expect("a manifest always serializes");
-    write(
-        &staging.join("manifest.json"),
-        format!("{json}\n").as_bytes(),
-    )?;
-
-    replace_dir(&staging, &args.out)?;
-    step(&format!(
-        "done: vmlinuz {} KiB, initramfs {} KiB",
-        vmlinuz.len() / 1024,
-        initramfs.len() / 1024
-    ));
-    Ok(manifest)
+        tree,
+        vmlinuz,
+        initramfs,
+        silkd,
+    })
 }
 
 /// Directories and small files every image has. silkd mounts proc, sys, devtmpfs,
@@ -247,7 +403,7 @@ fn kernel_release(kernel: &Package) -> Result<String> {
         })
 }
 
-fn read(path: &Path, context: &'static str) -> Result<Vec<u8>> {
+pub(crate) fn read(path: &Path, context: &'static str) -> Result<Vec<u8>> {
     fs::read(path).map_err(Error::io(context, path))
 }
 
@@ -256,7 +412,7 @@ fn write(path: &Path, data: &[u8]) -> Result<()> {
 }
 
 /// `<parent>/.<name>.<tag>-<pid>`, next to `dir` so renames stay on one filesystem.
-fn sibling(dir: &Path, tag: &str) -> Result<PathBuf> {
+pub(crate) fn sibling(dir: &Path, tag: &str) -> Result<PathBuf> {
     let name = dir
         .file_name()
         .ok_or_else(|| Error::Invalid(format!("output directory {} has no name", dir.display())))?;

@@ -123,10 +123,10 @@ fn choose_engine() -> Result<Engine> {
             say(&format!(
                 "ENGINE: qemu — QEMU {v} runs and the guest image is at {} (kernel {}); \
                  VMs use {accel}",
-                args.out.display(),
+                args.out().display(),
                 manifest.kernel.release
             ));
-            return Ok(Engine::Qemu { image: args.out });
+            return Ok(Engine::Qemu { image: args.out() });
         }
     };
     tool::require(&["bwrap"])?;
@@ -135,9 +135,9 @@ fn choose_engine() -> Result<Engine> {
          image's rootfs ({}/rootfs, read-only), each as its own unprivileged uid with \
          seccomp and cgroup limits; they share this machine's kernel, which isolates much \
          less than a VM",
-        args.out.display()
+        args.out().display()
     ));
-    Ok(Engine::Process { image: args.out })
+    Ok(Engine::Process { image: args.out() })
 }
 
 /// Copies `sbx` into `$CARGO_HOME/bin` (a Rust user has it on PATH), through a temporary
