@@ -97,6 +97,23 @@ fn image_manifest_matches_its_files() {
         serde_json::from_slice(&fs::read(out.join("manifest.json")).unwrap()).unwrap();
     assert_eq!(on_disk, manifest);
     assert_eq!(manifest.format, 1);
+    // How commands run in base: templates/base.toml, as root in `/`, silkd as /init.
+    let template = &manifest.template;
+    assert_eq!(template.name, "base");
+    assert_eq!(template.from, image::spec::Source::Busybox);
+    assert_eq!(
+        (template.silkd.as_str(), template.workdir.as_str()),
+        ("/init", "/")
+    );
+    assert_eq!(
+        (template.user.name.as_str(), template.user.uid),
+        ("root", 0)
+    );
+    assert_eq!(
+        (template.cache_key.as_ref(), template.rootfs_image.as_ref()),
+        (None, None)
+    );
+    assert!(manifest.packages.is_empty());
     assert_eq!(
         manifest.kernel.package,
         format!("linux-image-{}", manifest.kernel.release)

@@ -110,19 +110,52 @@ fn list_files(dir: &Path, uri: &str, suite: &str) -> Result<Vec<PathBuf>> {
 /// Every package minbase plus `packages` installs, as `(name, version)` sorted by name:
 /// `apt-get --simulate` against the lists of `suites` only (a private apt
 /// configuration, so other sources on this machine, such as nodesource, never count).
+/// apt's solver takes seconds for `default`, so the answer is kept under a key of the
+/// suites' `InRelease` files (which carry the Packages files' digests) and `packages`.
 pub fn resolve(
     suites: &[Suite],
     packages: &[String],
     cache: &Path,
 ) -> Result<Vec<(String, String)>> {
     let dir = cache.join("apt-resolve");
+    let mut key = Sha256::new();
+    key.update(BUILDER.as_bytes());
+    for suite in suites {
+        key.update(format!("\n{}", suite.source_line()).as_bytes());
+        for list in &suite.lists {
+            key.update(format!("\n{}\n", list.display()).as_bytes());
+            if list.to_string_lossy().ends_with("InRelease") {
+                key.update(fs::read(list).map_err(Error::io("reading apt list", list))?);
+            }
+        }
+    }
+    key.update(format!("\n{}", packages.join(" ")).as_bytes());
+    let answer = dir.join(format!("resolved-{}", hex::encode(key.finalize())));
+    if let Ok(text) = fs::read_to_string(&answer) {
+        let resolved: Vec<(String, String)> = text
+            .lines()
+            .filter_map(|l| l.split_once(' '))
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        if !resolved.is_empty() {
+            return Ok(resolved);
+        }
+    }
+    let resolved = simulate(suites, packages, &dir)?;
+    let text: String = resolved.iter().map(|(n, v)| format!("{n} {v}\n")).collect();
+    fs::write(&answer, text).map_err(Error::io("writing", &answer))?;
+    Ok(resolved)
+}
+
+/// The `apt-get --simulate` behind [`resolve`], with its scratch files in `dir`.
+fn simulate(suites: &[Suite], packages: &[String], dir: &Path) -> Result<Vec<(String, String)>> {
     let empty = dir.join("empty");
     fs::create_dir_all(&empty).map_err(Error::io("creating apt's scratch", &empty))?;
     let sources = dir.join("sources.list");
     let lines: String = suites.iter().map(|s| s.source_line() + "\n").collect();
-    fs::write(&sources, lines).map_err(Error::io("writing", &sources))?;
+    write_if_changed(&sources, &lines)?;
     let status = dir.join("status");
-    fs::write(&status, "").map_err(Error::io("writing", &status))?;
+    write_if_changed(&status, "")?;
     let opt = |key: &str, value: &Path| format!("{key}={}", value.display());
     let mut cmd = Command::new("apt-get");
     for setting in [
@@ -132,7 +165,7 @@ pub fn resolve(
         opt("Dir::Etc::PreferencesParts", &empty),
         opt("Dir::State::Lists", Path::new(APT_LISTS)),
         opt("Dir::State::status", &status),
-        opt("Dir::Cache", &dir),
+        opt("Dir::Cache", dir),
         opt("Dir::Cache::pkgcache", &dir.join("pkgcache.bin")),
         opt("Dir::Cache::srcpkgcache", &dir.join("srcpkgcache.bin")),
         // Reads only; the host's apt may be busy with its own lock.
@@ -178,6 +211,15 @@ pub fn resolve(
         )));
     }
     Ok(resolved)
+}
+
+/// Writes `path` only when its content differs: apt rebuilds its package cache (seconds)
+/// whenever the sources list or the status file is newer than the cache.
+fn write_if_changed(path: &Path, content: &str) -> Result<()> {
+    if fs::read(path).is_ok_and(|old| old == content.as_bytes()) {
+        return Ok(());
+    }
+    fs::write(path, content).map_err(Error::io("writing", path))
 }
 
 /// `Inst libc6 (2.36-9+deb12u14 Debian:12.15/oldstable [amd64]) []` → (libc6, 2.36-…).
