@@ -48,8 +48,11 @@ fn listing(root: &Path) -> BTreeMap<String, String> {
             } else if meta.is_dir() {
                 pending.push(path.clone());
                 "d".to_string()
-            } else {
+            } else if meta.is_file() {
                 format!("f {}", sha256_hex(&fs::read(&path).unwrap()))
+            } else {
+                // Device nodes (mmdebstrap's /dev): never read, /dev/zero has no end.
+                format!("special {:o} {}", meta.mode() & 0o170000, meta.rdev())
             };
             let rel = path
                 .strip_prefix(root)
