@@ -104,3 +104,22 @@ fn display(cmd: &Command) -> String {
     parts.extend(cmd.get_args().map(|a| a.to_string_lossy().into_owned()));
     parts.join(" ")
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_missing_template_tool_names_its_fix() {
+        for tool in ["mmdebstrap", "mkfs.erofs"] {
+            assert_eq!(install_hint(tool), "`cargo xtask deps` installs it");
+        }
+        let e = require(&["sh", "silk-no-such-tool"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`silk-no-such-tool` was not found on PATH"),
+            "{e}"
+        );
+    }
+}

@@ -74,17 +74,13 @@ impl Default for Args {
 }
 
 impl Args {
-    /// `--out`, else `target/images/<template>`.
+    /// `--out`, else `target/images/<template>` (`target/images/base` is where
+    /// sandboxd's qemu tests and `cargo xtask up` look).
     pub fn out(&self) -> PathBuf {
         self.out
             .clone()
             .unwrap_or_else(|| workspace_root().join("target/images").join(&self.template))
     }
-}
-
-/// `target/images/base`: where sandboxd's qemu tests and `cargo xtask up` look.
-pub fn default_out() -> PathBuf {
-    Args::default().out()
 }
 
 fn default_cache() -> PathBuf {
@@ -130,6 +126,12 @@ pub fn build(args: &Args) -> Result<Manifest> {
     let progress = Progress::start();
     if let Some(path) = &args.from_oci {
         spec::check_name(&args.template)?;
+        // base is the boot stage and what the tests boot; an import must not replace it.
+        if args.template == "base" {
+            return Err(Error::Invalid(
+                "`base` is built from templates/base.toml; import under another name".into(),
+            ));
+        }
         return oci::build(args, path, &progress);
     }
     let loaded = spec::load(&args.templates, &args.template)?;
@@ -434,5 +436,26 @@ fn replace_dir(staging: &Path, out: &Path) -> Result<()> {
         fs::remove_dir_all(&old).map_err(Error::io("removing the previous image", &old))
     } else {
         fs::rename(staging, out).map_err(Error::io("moving the new image into place", out))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_import_can_neither_replace_base_nor_use_a_hostile_name() {
+        for (name, says) in [
+            ("base", "import under another name"),
+            ("../x", "template name"),
+        ] {
+            let args = Args {
+                template: name.into(),
+                from_oci: Some(PathBuf::from("/nonexistent")),
+                ..Args::default()
+            };
+            let e = build(&args).unwrap_err().to_string();
+            assert!(e.contains(says), "{name}: {e}");
+        }
     }
 }
