@@ -167,6 +167,24 @@ async fn without_a_cgroup_setsid_escapes_the_kill() {
     runner.send(escaping(&m)).await;
     let pid = runner.started().await;
     wait_count(&m, 2).await;
+    // `setsid` leaves the group only once it has called setsid(2): a Kill before that
+    // still reaches it (a race the test must not run under load).
+    wait_until(
+        Duration::from_secs(10),
+        "the escapee out of the group",
+        async || {
+            let groups: Vec<_> = procs_with(&m)
+                .into_iter()
+                .filter_map(|p| testkit::procs::stat(p).map(|s| s.pgrp))
+                .collect();
+            if groups.iter().any(|g| *g != pid) {
+                Ok(())
+            } else {
+                Err(groups)
+            }
+        },
+    )
+    .await;
     let mut other = silkd.connect().await;
     assert_eq!(
         other.rpc(Request::Kill { pid, signal: None }).await,
