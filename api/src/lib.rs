@@ -123,6 +123,10 @@ pub struct ExecRequest {
     /// Output encoding; `utf8` when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoding: Option<Encoding>,
+    /// Run as this user (a name or numeric uid from the sandbox's `/etc/passwd`); the
+    /// template's user when absent. An unknown user answers 400.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
 }
 
 /// `POST /v1/sandboxes/{id}/exec` answer. Each stream comes as exactly one of the plain

@@ -96,6 +96,7 @@ pub async fn run_checked(guest: &dyn Guest, argv: &[String], bound: Duration) ->
         env: None,
         stdin: false,
         timeout_ms: Some(bound.as_millis() as u64),
+        user: None,
     })
     .await?;
     let mut pid = None;

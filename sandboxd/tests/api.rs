@@ -462,6 +462,7 @@ async fn relay_speaks_wire_and_half_closes() {
         env: None,
         stdin: false,
         timeout_ms: None,
+        user: None,
     })
     .await
     .unwrap();

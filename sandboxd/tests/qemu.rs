@@ -279,6 +279,7 @@ async fn golden_clones_identity_exec_relay_kill() {
             env: None,
             stdin: false,
             timeout_ms: None,
+            user: None,
         })
         .await
         .unwrap();

@@ -90,6 +90,9 @@ pub struct RunArgs {
     /// Working directory inside the sandbox.
     #[arg(long)]
     pub cwd: Option<String>,
+    /// Run as this user (name or uid) instead of the template's user.
+    #[arg(long, short = 'u')]
+    pub user: Option<String>,
     /// Environment variable KEY=VALUE (repeatable).
     #[arg(long = "env", short = 'e', value_parser = parse_env)]
     pub env: Vec<(String, String)>,

@@ -105,6 +105,9 @@ async fn stream(
     if let Some(cwd) = args.cwd {
         cmd = cmd.cwd(cwd);
     }
+    if let Some(user) = args.user {
+        cmd = cmd.user(user);
+    }
     if let Some(secs) = args.timeout {
         if !(secs.is_finite() && secs > 0.0) {
             return Err(Error::BadRequest("--timeout must be a positive number".into()).into());

@@ -27,6 +27,7 @@ pub struct Command {
     env: BTreeMap<String, String>,
     timeout: Option<Duration>,
     stdin: bool,
+    user: Option<String>,
 }
 
 impl Command {
@@ -38,6 +39,7 @@ impl Command {
             env: BTreeMap::new(),
             timeout: None,
             stdin: false,
+            user: None,
         }
     }
 
@@ -108,7 +110,14 @@ impl Command {
         self
     }
 
-    /// Program and arguments.
+    /// Runs the command as this user (a name or numeric uid from the sandbox's
+    /// `/etc/passwd`) instead of the template's user; an unknown user is a 400.
+    pub fn user(mut self, user: impl Into<String>) -> Command {
+        self.user = Some(user.into());
+        self
+    }
+
+    /// The program and its arguments.
     pub fn argv(&self) -> &[String] {
         &self.argv
     }
@@ -126,6 +135,7 @@ impl Command {
             env: (!self.env.is_empty()).then(|| self.env.clone()),
             timeout_seconds: self.timeout.map(|t| t.as_secs_f64()),
             encoding: None,
+            user: self.user.clone(),
         }
     }
 
@@ -145,6 +155,7 @@ impl Command {
             timeout_ms: self
                 .timeout
                 .map(|t| t.as_millis().max(1).try_into().unwrap_or(u64::MAX)),
+            user: self.user.clone(),
         }
     }
 }
@@ -229,10 +240,12 @@ mod tests {
             .env("A", "1")
             .cwd("/tmp")
             .timeout(Duration::from_millis(1500))
-            .stdin(true);
+            .stdin(true)
+            .user("root");
         let http = cmd.exec_request();
         assert_eq!(http.argv, ["env"]);
         assert_eq!(http.timeout_seconds, Some(1.5));
+        assert_eq!(http.user.as_deref(), Some("root"));
         assert_eq!(http.env.unwrap().len(), 2);
         match cmd.exec_frame() {
             wire::Request::Exec {
@@ -241,7 +254,9 @@ mod tests {
                 env,
                 stdin,
                 timeout_ms,
+                user,
             } => {
+                assert_eq!(user.as_deref(), Some("root"));
                 assert_eq!(argv, ["env"]);
                 assert_eq!(cwd.as_deref(), Some("/tmp"));
                 assert_eq!(

@@ -62,6 +62,7 @@ async fn main() {
         env: None,
         stdin: false,
         timeout_ms: None,
+        user: None,
     };
     let mut silkd_times = Vec::with_capacity(n);
     let mut spawn_times = Vec::with_capacity(n);

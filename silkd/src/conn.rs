@@ -81,12 +81,14 @@ async fn rpc_loop<S: AsyncRead>(
                 env,
                 stdin,
                 timeout_ms,
+                user,
             } => {
                 let spec = Spec {
                     argv,
                     cwd,
                     env: env.unwrap_or_default(),
                     stdin,
+                    user,
                 };
                 match exec(spec, timeout_ms, reader, tx, table).await? {
                     Some(answer) => answer,

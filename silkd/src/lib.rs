@@ -40,6 +40,17 @@ pub struct Args {
     /// at /sys/fs/cgroup and uses that.
     #[arg(long)]
     pub cgroup: Option<PathBuf>,
+    /// The user commands run as unless a request names one (a name or uid from
+    /// /etc/passwd): the template's user. silkd's own user when absent.
+    #[arg(long)]
+    pub user: Option<String>,
+    /// The working directory of commands that give no cwd: the template's workdir.
+    #[arg(long)]
+    pub workdir: Option<String>,
+    /// KEY=VALUE set for every command before the request's env: the template's env.
+    /// Repeatable.
+    #[arg(long = "env", value_parser = proc::user::parse_env_flag)]
+    pub env: Vec<(String, String)>,
 }
 
 /// Logs go to stderr; `RUST_LOG` filters (default `info`).
@@ -67,6 +78,17 @@ pub fn serve_blocking(args: Args) -> Result<()> {
 /// command still running.
 pub async fn serve(args: Args) -> Result<()> {
     conn::mark_start();
+    if let Some(who) = &args.user {
+        // Checked at start so a template naming a user its tree lacks fails loudly here,
+        // not on every command.
+        let a = proc::user::lookup(who)?;
+        tracing::info!(user = %a.name, uid = a.uid, "commands run as the template's user");
+    }
+    proc::user::set_defaults(proc::user::Defaults {
+        user: args.user.clone(),
+        workdir: args.workdir.clone(),
+        env: args.env.clone(),
+    });
     let table = Arc::new(proc::ProcessTable::new(
         args.max_procs,
         exec_cgroups(args.cgroup.as_deref())?,

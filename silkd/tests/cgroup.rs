@@ -108,6 +108,7 @@ async fn timeout_takes_processes_that_called_setsid() {
             env: None,
             stdin: false,
             timeout_ms: Some(500),
+            user: None,
         })
         .await;
     assert!(out.timed_out);

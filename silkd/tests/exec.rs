@@ -40,6 +40,7 @@ async fn stdin_round_trip_with_eof() {
         env: None,
         stdin: true,
         timeout_ms: None,
+        user: None,
     })
     .await;
     let pid = c.started().await;
@@ -93,6 +94,7 @@ async fn environment_is_cleared_and_cwd_applies() {
             env: Some(vec![("GREETING".into(), "hi there".into())]),
             stdin: false,
             timeout_ms: None,
+            user: None,
         })
         .await;
     let text = String::from_utf8(out.stdout).unwrap();
@@ -104,7 +106,11 @@ async fn environment_is_cleared_and_cwd_applies() {
         .map(|l| l.split('=').next().unwrap())
         .filter(|n| !matches!(*n, "PWD" | "SHLVL" | "OLDPWD" | "_"))
         .collect();
-    assert_eq!(names, ["GREETING", "HOME", "PATH", "TERM"], "{text}");
+    assert_eq!(
+        names,
+        ["GREETING", "HOME", "LANG", "LOGNAME", "PATH", "TERM", "USER"],
+        "{text}"
+    );
     assert!(text.contains("GREETING=hi there"));
 }
 
@@ -131,6 +137,7 @@ async fn spawn_errors_are_typed_and_name_the_path() {
                 env: None,
                 stdin: false,
                 timeout_ms: None,
+                user: None,
             },
             "/no/such/dir",
         ),
@@ -141,6 +148,7 @@ async fn spawn_errors_are_typed_and_name_the_path() {
                 env: None,
                 stdin: false,
                 timeout_ms: None,
+                user: None,
             },
             "not a directory",
         ),
@@ -177,6 +185,7 @@ async fn timeout_kills_the_group() {
             env: None,
             stdin: false,
             timeout_ms: Some(300),
+            user: None,
         })
         .await;
     assert!(out.timed_out);

@@ -16,6 +16,7 @@ fn exec(argv: Vec<String>, env: Option<Vec<(String, String)>>, cwd: Option<Strin
         env,
         stdin: false,
         timeout_ms: None,
+        user: None,
     }
 }
 

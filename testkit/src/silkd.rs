@@ -126,6 +126,7 @@ pub fn exec_req(argv: &[&str]) -> Request {
         env: None,
         stdin: false,
         timeout_ms: None,
+        user: None,
     }
 }
 

@@ -16,12 +16,17 @@ pub enum Request {
     Exec {
         /// Program and arguments; `argv[0]` is looked up in `PATH` when it has no `/`.
         argv: Vec<String>,
-        /// Working directory; silkd's own when absent.
+        /// Working directory; silkd's `--workdir` (the template's), else its own, when absent.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         cwd: Option<String>,
-        /// Extra environment on top of the base `PATH`, `HOME`, `TERM`.
+        /// Extra environment on top of the base (`PATH`, `HOME`, `USER`, `LOGNAME`,
+        /// `LANG`, `TERM`) and the template's.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         env: Option<Vec<(String, String)>>,
+        /// Who runs it: a user name or a numeric uid from the guest's `/etc/passwd`;
+        /// silkd's `--user` (the template's user) when absent.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        user: Option<String>,
         /// When true the child's stdin is fed by `Stdin` frames; else `/dev/null`.
         #[serde(default)]
         stdin: bool,

@@ -15,6 +15,18 @@ fn requests() -> Vec<(&'static str, Request)> {
                 env: Some(vec![("LANG".into(), "C.UTF-8".into())]),
                 stdin: true,
                 timeout_ms: Some(5000),
+                user: None,
+            },
+        ),
+        (
+            "req_exec_user",
+            Request::Exec {
+                argv: vec!["id".into()],
+                cwd: None,
+                env: None,
+                stdin: false,
+                timeout_ms: None,
+                user: Some("user".into()),
             },
         ),
         (
@@ -25,6 +37,7 @@ fn requests() -> Vec<(&'static str, Request)> {
                 env: None,
                 stdin: false,
                 timeout_ms: None,
+                user: None,
             },
         ),
         (

@@ -52,6 +52,15 @@ pub fn validate(req: &api::ExecRequest) -> Result<()> {
     if req.cwd.as_ref().is_some_and(|c| c.contains('\0')) {
         return Err(Error::BadRequest("cwd contains a NUL byte".into()));
     }
+    // Whether the user exists is the guest's to say (its /etc/passwd); here only what no
+    // passwd file can hold.
+    if let Some(user) = &req.user {
+        if user.is_empty() || user.len() > 256 || user.contains(['\0', ':', '\n']) {
+            return Err(Error::BadRequest(
+                "user must be a name or uid of 1 to 256 bytes without NUL, ':' or newline".into(),
+            ));
+        }
+    }
     for (key, value) in req.env.iter().flatten() {
         if key.is_empty() || key.contains('=') || key.contains('\0') {
             return Err(Error::BadRequest(format!(
@@ -124,6 +133,7 @@ async fn run(
         env: req.env.map(|m| m.into_iter().collect()),
         stdin: false,
         timeout_ms: timeout.map(|t| t.as_millis().max(1) as u64),
+        user: req.user,
     })
     .await?;
     let deadline = timeout.map(|t| tokio::time::Instant::now() + t + TIMEOUT_GRACE);
@@ -248,6 +258,13 @@ mod tests {
             ..ok.clone()
         };
         assert!(validate(&nul_cwd).is_err());
+        for bad in ["", "a\0b", "a:b", "a\nb", &"u".repeat(257)] {
+            let r = api::ExecRequest {
+                user: Some(bad.into()),
+                ..ok.clone()
+            };
+            assert!(matches!(validate(&r), Err(Error::BadRequest(_))), "{bad:?}");
+        }
         for t in [-1.0, 0.0, f64::NAN, f64::INFINITY, 1e20] {
             let r = api::ExecRequest {
                 timeout_seconds: Some(t),

@@ -13,6 +13,7 @@
 pub mod cgroup;
 pub mod reaper;
 pub mod spawn;
+pub mod user;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -111,12 +112,13 @@ impl ProcessTable {
         &self,
         spec: &spawn::Spec,
     ) -> Result<(spawn::Spawned, watch::Receiver<Option<ExitStatus>>)> {
-        spawn::check(spec)?;
+        let launch = spawn::prepare(spec)?;
+        spawn::check(spec, &launch)?;
         let mut inner = self.lock();
         gc(&mut inner);
         self.make_room(&mut inner)?;
         let cgroup = self.cgroups.as_ref().map(|c| c.create()).transpose()?;
-        let spawned = match spawn::spawn(spec, cgroup.as_ref()) {
+        let spawned = match spawn::spawn(spec, &launch, cgroup.as_ref()) {
             Ok(s) => s,
             Err(e) => {
                 if let Some(cg) = &cgroup {

@@ -1,7 +1,7 @@
-//! Spawning one command: argv, env and cwd checks that name what is wrong (before any
-//! fork, so the kernel's limits answer `bad_request`, not `internal`), a cleared
-//! environment, its own process group (and cgroup when there is one), pipes for the
-//! output.
+//! Spawning one command: who runs it and with what environment and cwd ([`prepare`]),
+//! argv, env and cwd checks that name what is wrong (before any fork, so the kernel's
+//! limits answer `bad_request`, not `internal`), a cleared environment, its own process
+//! group (and cgroup when there is one), the user switch, pipes for the output.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -13,12 +13,13 @@ use std::process::{Command, Stdio};
 use tokio::net::unix::pipe;
 
 use super::cgroup::{self, NewCgroup};
+use super::user::{self, Account};
 use crate::{Error, Result};
 
 /// `PATH` every command starts with.
 pub const BASE_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
-/// The environment every command starts with, before the request's `env`.
-const BASE_ENV: [(&str, &str); 3] = [("PATH", BASE_PATH), ("HOME", "/root"), ("TERM", "dumb")];
+/// `LANG` every command starts with: UTF-8 without needing a generated locale.
+const BASE_LANG: &str = "C.UTF-8";
 /// The kernel's longest single argument or `KEY=value` string, its NUL included
 /// (`MAX_ARG_STRLEN`, 32 pages); execve fails with E2BIG past it.
 pub const MAX_ARG_STRLEN: usize = 32 * 4096;
@@ -36,6 +37,67 @@ pub struct Spec {
     pub env: Vec<(String, String)>,
     /// Whether stdin is a pipe (else `/dev/null`).
     pub stdin: bool,
+    /// Who runs it (name or uid); the `--user` default when absent.
+    pub user: Option<String>,
+}
+
+/// What [`prepare`] decided: the whole environment, the cwd, and the user to switch to.
+#[derive(Debug)]
+pub struct Launch {
+    /// Every variable the command gets, each key once (later sources win).
+    pub env: Vec<(String, String)>,
+    /// The request's cwd, else the template's workdir.
+    pub cwd: Option<String>,
+    /// The account to become between fork and exec; `None` stays silkd's own.
+    pub switch: Option<Account>,
+}
+
+/// Resolves the user (the request's, else `--user`, else silkd's own), and builds the
+/// environment: `PATH`, `HOME` (the user's home), `USER`, `LOGNAME`, `LANG`, `TERM`,
+/// then the template's `--env`, then the request's `env`. A silkd that is not root runs
+/// commands only as itself: any other user is `bad_request` (it has no right to switch,
+/// e.g. the process engine's single-uid sandbox).
+pub fn prepare(spec: &Spec) -> Result<Launch> {
+    let defaults = user::defaults();
+    let account = match spec.user.as_deref().or(defaults.user.as_deref()) {
+        Some(who) => Some(user::lookup(who)?),
+        None => user::own_account(),
+    };
+    // SAFETY: geteuid/getegid have no failure mode and no side effect.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let switch = match &account {
+        Some(a) if a.uid == euid && a.gid == egid => None,
+        Some(a) if euid != 0 => {
+            return Err(Error::BadRequest(format!(
+                "cannot run as {:?} (uid {}): silkd runs as uid {euid}, not root, and can \
+                 only run commands as itself",
+                a.name, a.uid
+            )))
+        }
+        Some(a) => Some(a.clone()),
+        None => None,
+    };
+    let mut env: Vec<(String, String)> = Vec::new();
+    let mut set = |k: &str, v: &str| match env.iter_mut().find(|(key, _)| key == k) {
+        Some(e) => e.1 = v.to_string(),
+        None => env.push((k.to_string(), v.to_string())),
+    };
+    set("PATH", BASE_PATH);
+    set("HOME", account.as_ref().map_or("/", |a| a.home.as_str()));
+    if let Some(a) = &account {
+        set("USER", &a.name);
+        set("LOGNAME", &a.name);
+    }
+    set("LANG", BASE_LANG);
+    set("TERM", "dumb");
+    for (k, v) in defaults.env.iter().chain(&spec.env) {
+        set(k, v);
+    }
+    Ok(Launch {
+        env,
+        cwd: spec.cwd.clone().or_else(|| defaults.workdir.clone()),
+        switch,
+    })
 }
 
 /// A started child: its pid and the async ends of its pipes.
@@ -53,7 +115,7 @@ pub struct Spawned {
 /// Refuses what execve would refuse for its size or content: NUL bytes anywhere, an
 /// empty or `=`-holding env key, one string over [`MAX_ARG_STRLEN`], argv + env over the
 /// kernel's total (`ARG_MAX`, a quarter of the stack limit), a cwd over [`PATH_MAX`].
-pub fn check(spec: &Spec) -> Result<()> {
+pub fn check(spec: &Spec, launch: &Launch) -> Result<()> {
     let Some(arg0) = spec.argv.first() else {
         return Err(Error::BadRequest("argv is empty".into()));
     };
@@ -70,9 +132,7 @@ pub fn check(spec: &Spec) -> Result<()> {
         check_strlen(&format!("argv[{i}]"), a.len() + 1)?;
         total += a.len() + 1 + ptr;
     }
-    let base = BASE_ENV.iter().map(|(k, v)| (*k, *v));
-    let extra = spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-    for (k, v) in base.chain(extra) {
+    for (k, v) in launch.env.iter().map(|(k, v)| (k.as_str(), v.as_str())) {
         if k.is_empty() || k.contains(['=', '\0']) {
             return Err(Error::BadRequest(format!(
                 "env key {:?} must be non-empty without '=' or NUL",
@@ -94,7 +154,7 @@ pub fn check(spec: &Spec) -> Result<()> {
             "argv and env take {total} bytes; the kernel takes at most {arg_max} (ARG_MAX)"
         )));
     }
-    if let Some(cwd) = &spec.cwd {
+    if let Some(cwd) = &launch.cwd {
         if cwd.contains('\0') {
             return Err(Error::BadRequest("cwd contains a NUL byte".into()));
         }
@@ -144,26 +204,24 @@ fn arg_max() -> usize {
 /// Starts the command, inside `cgroup` when given. Must run under the process table lock
 /// (see `proc`), because the child is not waited for here: the reaper collects it. The
 /// spec has passed [`check`].
-pub fn spawn(spec: &Spec, cgroup: Option<&NewCgroup>) -> Result<Spawned> {
+pub fn spawn(spec: &Spec, launch: &Launch, cgroup: Option<&NewCgroup>) -> Result<Spawned> {
     let arg0 = &spec.argv[0];
-    if let Some(cwd) = &spec.cwd {
+    if let Some(cwd) = &launch.cwd {
         check_cwd(Path::new(cwd))?;
     }
-    let path_var = spec
+    let path_var = launch
         .env
         .iter()
-        .rev()
         .find(|(k, _)| k == "PATH")
         .map(|(_, v)| v.as_str())
         .unwrap_or(BASE_PATH);
-    let program = resolve(arg0, path_var, spec.cwd.as_deref())?;
+    let program = resolve(arg0, path_var, launch.cwd.as_deref())?;
 
     let mut cmd = Command::new(&program);
     cmd.arg0(arg0)
         .args(&spec.argv[1..])
         .env_clear()
-        .envs(BASE_ENV)
-        .envs(spec.env.iter().map(|(k, v)| (k, v)))
+        .envs(launch.env.iter().map(|(k, v)| (k, v)))
         .process_group(0)
         .stdin(if spec.stdin {
             Stdio::piped()
@@ -172,7 +230,7 @@ pub fn spawn(spec: &Spec, cgroup: Option<&NewCgroup>) -> Result<Spawned> {
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    if let Some(cwd) = &spec.cwd {
+    if let Some(cwd) = &launch.cwd {
         cmd.current_dir(cwd);
     }
     if let Some(cg) = cgroup {
@@ -182,6 +240,26 @@ pub fn spawn(spec: &Spec, cgroup: Option<&NewCgroup>) -> Result<Spawned> {
         // command runs, however quickly it forks, starts outside its cgroup.
         unsafe {
             cmd.pre_exec(move || cgroup::enter(procs));
+        }
+    }
+    if let Some(a) = &launch.switch {
+        let (uid, gid, groups) = (a.uid, a.gid, a.groups.clone());
+        // SAFETY: three syscalls on values moved in before the fork; nothing allocates.
+        // Groups first and uid last: after setresuid the child may no longer change them.
+        // Registered after the cgroup step, which needs silkd's rights.
+        unsafe {
+            cmd.pre_exec(move || {
+                let ok = |r: libc::c_int| {
+                    if r == 0 {
+                        Ok(())
+                    } else {
+                        Err(std::io::Error::last_os_error())
+                    }
+                };
+                ok(libc::setgroups(groups.len(), groups.as_ptr()))?;
+                ok(libc::setresgid(gid, gid, gid))?;
+                ok(libc::setresuid(uid, uid, uid))
+            });
         }
     }
     let mut child = cmd.spawn().map_err(|e| match e.raw_os_error() {
