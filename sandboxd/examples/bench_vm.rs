@@ -53,6 +53,7 @@ fn spec(image: &Path, golden_dir: PathBuf) -> GuestSpec {
         template_config: TemplateConfig {
             rootfs: image.join("rootfs"),
             image: Some(image.to_path_buf()),
+            meta: Default::default(),
         },
         size_config: SizeConfig {
             cpus: 1,

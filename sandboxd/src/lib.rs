@@ -15,6 +15,8 @@
 //! - [`engine`]: the engine trait, each guest's [`engine::Fate`] (how it ended, written once
 //!   by its supervisor), the `process` engine (bubblewrap + cgroups) and `qemu` (real VMs).
 //! - [`metrics`]: Prometheus metrics.
+//! - [`template`]: a template's default user, workdir and env (from its image's
+//!   manifest), rendered as silkd's flags.
 //! - [`serve`]: connections: the `[http]` cap and the header, idle and write timeouts.
 //!
 //! [`run`] takes a bound [`Listener`], so tests start the daemon in-process on port 0.
@@ -34,6 +36,7 @@ pub mod pool;
 pub mod relay;
 pub mod sandbox;
 pub mod serve;
+pub mod template;
 
 use std::future::Future;
 use std::time::Duration;

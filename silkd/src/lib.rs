@@ -4,6 +4,7 @@
 //! - [`listen`]: where connections come from (`unix:PATH`, `vsock:PORT`, `serial:NAME`).
 //! - [`conn`]: one connection = RPCs back to back (the verb dispatch and the exec loop).
 //! - [`proc`]: the process table, spawning, the single reaper, kill.
+//! - [`seed`]: copying template trees into fresh writable directories at start.
 //! - [`init`]: PID-1 duties, only when silkd is the VM's init.
 //! - [`error`]: the crate's error type.
 //!
@@ -14,6 +15,7 @@ pub mod error;
 pub mod init;
 pub mod listen;
 pub mod proc;
+pub mod seed;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -51,6 +53,10 @@ pub struct Args {
     /// Repeatable.
     #[arg(long = "env", value_parser = proc::user::parse_env_flag)]
     pub env: Vec<(String, String)>,
+    /// SRC:DST: copy the tree SRC into DST at start, keeping what DST holds (the process
+    /// engine seeds its fresh /home from the template's). Repeatable.
+    #[arg(long = "seed", value_parser = seed::parse_flag)]
+    pub seed: Vec<(PathBuf, PathBuf)>,
 }
 
 /// Logs go to stderr; `RUST_LOG` filters (default `info`).
@@ -78,6 +84,10 @@ pub fn serve_blocking(args: Args) -> Result<()> {
 /// command still running.
 pub async fn serve(args: Args) -> Result<()> {
     conn::mark_start();
+    for (src, dst) in &args.seed {
+        let n = seed::seed(src, dst);
+        tracing::info!(src = %src.display(), dst = %dst.display(), entries = n, "seeded");
+    }
     if let Some(who) = &args.user {
         // Checked at start so a template naming a user its tree lacks fails loudly here,
         // not on every command.

@@ -32,6 +32,7 @@ pub mod guard;
 pub mod host;
 pub mod hostile;
 pub mod http;
+pub mod images;
 pub mod leftovers;
 pub mod procs;
 pub mod relay;

@@ -50,6 +50,9 @@ pub struct Setup {
     pub process_extra: String,
     /// The template's rootfs; the guest image's `rootfs/` when absent.
     pub rootfs: Option<PathBuf>,
+    /// A built template image (`target/images/NAME`): the template is then `NAME`, given
+    /// as `image = ...` (rootfs and metadata from the image), instead of `base`'s rootfs.
+    pub image: Option<PathBuf>,
 }
 
 impl Default for Setup {
@@ -73,6 +76,7 @@ impl Default for Setup {
             disk_mib: 64,
             process_extra: String::new(),
             rootfs: None,
+            image: None,
         }
     }
 }
@@ -92,6 +96,14 @@ impl Setup {
         }
     }
 
+    /// The template's name: the image directory's, else `base`.
+    pub fn template(&self) -> String {
+        self.image
+            .as_ref()
+            .and_then(|i| i.file_name())
+            .map_or("base".into(), |n| n.to_string_lossy().into_owned())
+    }
+
     /// The config file, with `data_dir` and `listen` (`host:port` or `unix:/path`).
     pub fn toml(&self, data_dir: &Path, listen: &str) -> String {
         let mut t = format!(
@@ -105,8 +117,8 @@ max_ttl_seconds = {mttl}
 boot_timeout_seconds = 10
 warmup_timeout_seconds = 10
 
-[templates.base]
-rootfs = "{rootfs}"
+[templates.{template}]
+{source}
 
 [sizes.small]
 cpus = 1
@@ -115,18 +127,24 @@ max_pids = 256
 disk_mib = {disk_mib}
 
 [[pools]]
-template = "base"
+template = "{template}"
 size = "small"
 warm = {warm}
 warm_max = {warm_max}
 "#,
             data = data_dir.display(),
             silkd = bins::silkd().display(),
-            rootfs = self
-                .rootfs
-                .clone()
-                .unwrap_or_else(|| crate::vm::guest_image().join("rootfs"))
-                .display(),
+            template = self.template(),
+            source = match &self.image {
+                Some(image) => format!("image = \"{}\"", image.display()),
+                None => format!(
+                    "rootfs = \"{}\"",
+                    self.rootfs
+                        .clone()
+                        .unwrap_or_else(|| crate::vm::guest_image().join("rootfs"))
+                        .display()
+                ),
+            },
             disk_mib = self.disk_mib,
             max_claims = self.max_claims,
             dttl = self.default_ttl_seconds,

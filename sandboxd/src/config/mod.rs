@@ -124,6 +124,10 @@ pub struct TemplateConfig {
     /// A relative path is taken from the daemon's working directory.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<PathBuf>,
+    /// The image's template metadata (default user, workdir, env), read from its
+    /// `manifest.json` at load; empty without an image.
+    #[serde(skip)]
+    pub meta: crate::template::TemplateMeta,
 }
 
 /// One `[sizes.NAME]` entry.
@@ -511,6 +515,7 @@ impl Config {
                 if t.rootfs.as_os_str().is_empty() {
                     t.rootfs = image.join("rootfs");
                 }
+                t.meta = crate::template::TemplateMeta::load(image)?;
             }
         }
         config.validate()?;

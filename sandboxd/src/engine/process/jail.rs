@@ -16,6 +16,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use super::silkd_files::SilkdFiles;
+use crate::template::TemplateMeta;
 
 /// An empty, world-traversable directory; each launcher mounts its own private staging
 /// tmpfs on it (inside its own mount namespace, so launchers never see each other's).
@@ -23,8 +24,16 @@ pub const STAGE_MOUNT: &str = "/run/sandboxd-stage";
 /// Inside the sandbox: the directory holding silkd's socket, and the socket.
 pub const SOCK_DIR: &str = "/run/silkd";
 pub const SOCK_NAME: &str = "silkd.sock";
-/// Inside the sandbox: the writable work directory and HOME, on the size-capped `/home`.
+/// Inside the sandbox: the work directory of a template without metadata (a plain rootfs,
+/// `base`), on the size-capped `/home`.
 pub const WORK_DIR: &str = "/home/sandbox";
+/// Inside the sandbox: where the template's own `/home` and `/root` are bound read-only
+/// for silkd to seed the fresh tmpfs ones from (`--seed`).
+pub const SEED_DIR: &str = "/run/sandboxd-seed";
+/// Directories each sandbox gets as its own size-capped tmpfs.
+const TMPFS: [&str; 5] = ["/dev/shm", "/tmp", "/run", "/home", "/root"];
+/// Of those, the ones seeded from the template's tree.
+const SEEDED: [&str; 2] = ["home", "root"];
 /// The fds bwrap reads its info and seccomp programs from, in the child.
 pub const INFO_FD: i32 = 3;
 pub const SECCOMP_FDS: [i32; 2] = [4, 5];
@@ -32,7 +41,7 @@ pub const SECCOMP_FDS: [i32; 2] = [4, 5];
 pub const CGROUP_DIR: &str = "/sys/fs/cgroup";
 /// Rootfs entries the sandbox gets its own of instead (fresh proc, dev and tmpfs; `/sys`
 /// holds only the delegated cgroup, never the host's sysfs).
-const OWN_MOUNTS: [&str; 6] = ["proc", "dev", "tmp", "run", "home", "sys"];
+const OWN_MOUNTS: [&str; 7] = ["proc", "dev", "tmp", "run", "home", "root", "sys"];
 const PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Everything that decides one sandbox's bwrap command.
@@ -50,6 +59,11 @@ pub struct Inputs<'a> {
     /// The sandbox's delegated cgroup2 directory: bound at [`CGROUP_DIR`] and given to
     /// silkd (`--cgroup`), which runs each command in a child cgroup of it.
     pub cgroup2: Option<&'a Path>,
+    /// The template's user, workdir and env.
+    pub meta: &'a TemplateMeta,
+    /// Whether sandboxd runs as root (without a user namespace of its own, silkd can
+    /// then still switch to the template's user).
+    pub root: bool,
 }
 
 /// bwrap's arguments, and what the child does before exec.
@@ -130,18 +144,16 @@ impl Plan {
 
         let mut a = Args::default();
         a.push(["--die-with-parent", "--new-session", "--unshare-all"]);
+        // Who silkd (and so every command) is inside: the template's user, else root.
+        let (uid, gid) = inp.meta.user.as_ref().map_or((0, 0), |u| (u.uid, u.gid));
         if inp.identity.is_some() {
-            // A user namespace of its own; the sandbox is root in it (as in a VM, so a
-            // template behaves alike under both engines) with no capabilities, and cannot
-            // make further user namespaces (the seccomp filter denies them too).
-            a.push([
-                "--unshare-user",
-                "--disable-userns",
-                "--uid",
-                "0",
-                "--gid",
-                "0",
-            ]);
+            // A user namespace of its own mapping exactly one id, the sandbox's host uid,
+            // to the template's user (root without one, as in a VM); no capabilities, no
+            // further user namespaces (the seccomp filter denies them too). One id means
+            // silkd cannot switch users here: a request for another user is a 400 (a
+            // per-sandbox uid block would lift that; see docs/templates.md).
+            a.push(["--unshare-user", "--disable-userns"]);
+            a.push(["--uid", &uid.to_string(), "--gid", &gid.to_string()]);
         }
         a.push(["--cap-drop", "ALL"]);
         // The rootfs, read-only, entry by entry onto bwrap's own root, so the mount points
@@ -168,10 +180,47 @@ impl Plan {
         }
         let size = inp.tmpfs_bytes.to_string();
         a.push(["--proc", "/proc", "--dev", "/dev"]);
-        for tmpfs in ["/dev/shm", "/tmp", "/run", "/home"] {
-            a.push(["--size", &size, "--tmpfs", tmpfs]);
+        let home = inp.meta.home();
+        let under_tmpfs = |p: &str| {
+            TMPFS
+                .iter()
+                .any(|t| p == *t || p.strip_prefix(t).is_some_and(|r| r.starts_with('/')))
+        };
+        for tmpfs in TMPFS {
+            // /tmp and /dev/shm sticky and world-writable, as on any system: whoever
+            // commands run as can use them.
+            let perms = if matches!(tmpfs, "/tmp" | "/dev/shm") {
+                "1777"
+            } else {
+                "0755"
+            };
+            a.push(["--perms", perms, "--size", &size, "--tmpfs", tmpfs]);
         }
-        a.push(["--remount-ro", "/dev", "--dir", WORK_DIR]);
+        // HOME is always writable: under one of the tmpfs above, or a tmpfs of its own.
+        if !under_tmpfs(home) {
+            a.push(["--size", &size, "--tmpfs", home]);
+        }
+        let workdir = match (&inp.meta.workdir, &inp.meta.user) {
+            (Some(w), _) => w.as_str(),
+            (None, Some(_)) => home,
+            (None, None) => WORK_DIR,
+        };
+        a.push(["--remount-ro", "/dev", "--dir", home]);
+        if under_tmpfs(workdir) {
+            a.push(["--dir", workdir]);
+        }
+        let mut seeds = Vec::new();
+        for name in SEEDED {
+            if inp.rootfs.join(name).is_dir() {
+                let inside = format!("{SEED_DIR}/{name}");
+                a.push([
+                    OsStr::new("--ro-bind"),
+                    root_src.join(name).as_os_str(),
+                    OsStr::new(&inside),
+                ]);
+                seeds.push(format!("{inside}:/{name}"));
+            }
+        }
         a.push([
             OsStr::new("--bind"),
             sock_src.as_os_str(),
@@ -193,7 +242,7 @@ impl Plan {
         }
         let hostname = format!("sbx-{}", &inp.id[..inp.id.len().min(12)]);
         a.push(["--remount-ro", "/", "--hostname", &hostname]);
-        a.push(["--chdir", WORK_DIR, "--setenv", "HOME", WORK_DIR]);
+        a.push(["--chdir", workdir, "--setenv", "HOME", home]);
         a.push(["--setenv", "PATH", PATH, "--info-fd", &INFO_FD.to_string()]);
         if inp.seccomp {
             for fd in SECCOMP_FDS {
@@ -206,6 +255,21 @@ impl Plan {
         if cgroup_src.is_some() {
             a.push(["--cgroup", CGROUP_DIR]);
         }
+        for seed in &seeds {
+            a.push(["--seed", seed]);
+        }
+        // The template user's flags only where silkd runs as that user (its namespace
+        // maps it) or may become it (root); otherwise every command would be refused.
+        let mut flags = inp.meta.silkd_args();
+        if inp.identity.is_none() && !inp.root {
+            if let Some(i) = flags.iter().position(|f| f == "--user") {
+                flags.drain(i..i + 2);
+            }
+        }
+        if inp.meta.workdir.is_none() {
+            flags.extend(["--workdir".to_string(), workdir.to_string()]);
+        }
+        a.push(flags);
         Ok(Plan { args: a.0, stage })
     }
 }

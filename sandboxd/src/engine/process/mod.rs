@@ -195,6 +195,9 @@ impl ProcessEngine {
             identity: ids,
             seccomp: self.seccomp.is_some(),
             cgroup2: cgroup2.as_deref(),
+            meta: &spec.template_config.meta,
+            // SAFETY: geteuid has no failure mode and no side effect.
+            root: unsafe { libc::geteuid() } == 0,
         })
         .map_err(|e| {
             Error::Engine(format!(

@@ -1,0 +1,229 @@
+//! The `default` template (Debian, python3, pip, node, git, user `user`) on the process
+//! engine, through a real sandboxd, silkd and bwrap: commands run as the template's user
+//! in its home, with a writable home and /tmp over a read-only tree, private to each
+//! sandbox and bounded by `disk_mib`; a wheel installs offline; bad users are 400s.
+//! Needs `target/images/default` (`cargo xtask image --template default`).
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use testkit::images::template_image;
+use testkit::leftovers::Census;
+use testkit::setup::uid_range;
+use testkit::{Api, Daemon, Setup, ROOT};
+
+/// One command's answer.
+#[derive(Debug)]
+struct Ran {
+    status: u16,
+    exit: Option<i64>,
+    out: String,
+    body: String,
+}
+
+async fn run(api: &Api, (id, token): &(String, String), body: Value) -> Ran {
+    let r = api.exec(id, token, body).await;
+    let text = r.text();
+    let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+    Ran {
+        status: r.status.into(),
+        exit: v["exit_code"].as_i64(),
+        out: v["stdout"].as_str().unwrap_or_default().to_string()
+            + v["stderr"].as_str().unwrap_or_default(),
+        body: text,
+    }
+}
+
+/// `bash -c script` as the template's user; stderr folded in after stdout.
+async fn sh(api: &Api, sandbox: &(String, String), script: &str) -> Ran {
+    let body = json!({"argv": ["bash", "-c", script], "timeout_seconds": 120});
+    run(api, sandbox, body).await
+}
+
+async fn ok(api: &Api, sandbox: &(String, String), script: &str) -> String {
+    let r = sh(api, sandbox, script).await;
+    assert_eq!((r.status, r.exit), (200, Some(0)), "{script}: {r:?}");
+    r.out
+}
+
+fn setup() -> Setup {
+    Setup {
+        image: Some(template_image("default")),
+        // Room for pip and node, and for the disk test's tmpfs pages.
+        ..Setup::default()
+    }
+}
+
+async fn release(api: &Api, id: &str) {
+    let r = api
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/release"),
+            Some(ROOT),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 204, "{}", r.text());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn runtimes_run_as_the_template_user_in_its_home() {
+    let d = Daemon::start(setup()).await;
+    let a = d.claim().await;
+    assert_eq!(
+        ok(&d, &a, "whoami; id -u; pwd; echo $HOME $USER $LANG").await,
+        "user\n1000\n/home/user\n/home/user user C.UTF-8\n"
+    );
+    assert_eq!(ok(&d, &a, "python3 -c 'print(1)'").await, "1\n");
+    assert!(ok(&d, &a, "pip --version").await.starts_with("pip "));
+    ok(&d, &a, "node -e 0").await;
+    assert!(ok(&d, &a, "git --version").await.starts_with("git version"));
+    // The template's dotfiles are in the home, owned by the user.
+    assert_eq!(
+        ok(&d, &a, "stat -c %U ~/.bashrc").await,
+        "user\n",
+        "home seeded from the template"
+    );
+    // Home and /tmp writable, the tree (and /usr) not; Python's caches work.
+    ok(
+        &d,
+        &a,
+        "echo hi > ~/f && cat ~/f && echo t > /tmp/f && mkdir -p ~/.cache/x",
+    )
+    .await;
+    let r = sh(&d, &a, "touch /usr/x 2>&1; touch /etc/x 2>&1; true").await;
+    assert_eq!(r.out.matches("Read-only file system").count(), 2, "{r:?}");
+    // A request's user: by name or uid when it is the sandbox's one id.
+    for who in ["user", "1000"] {
+        let body = json!({"argv": ["whoami"], "user": who});
+        let r = run(&d, &a, body).await;
+        assert_eq!((r.status, r.out.as_str()), (200, "user\n"), "{who}: {r:?}");
+    }
+    // cwd still wins over the template's workdir.
+    let r = run(&d, &a, json!({"argv": ["pwd"], "cwd": "/tmp"})).await;
+    assert_eq!(r.out, "/tmp\n", "{r:?}");
+    release(&d, &a.0).await;
+    d.stop().await;
+}
+
+/// Unknown and hostile users are 400s with a typed error; on the process engine (one
+/// uid per sandbox) another real user is too, saying why; the sandbox serves on.
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_users_are_400s() {
+    let d = Daemon::start(setup()).await;
+    let a = d.claim().await;
+    for (who, says) in [
+        (json!("nosuchuser"), "unknown user"),
+        (json!("4242"), "unknown user"),
+        (json!("root"), "cannot run as"),
+        (json!(""), "user must be"),
+        (json!("a\u{0}b"), "user must be"),
+        (json!(5), ""),
+    ] {
+        let r = run(&d, &a, json!({"argv": ["true"], "user": who})).await;
+        assert_eq!(r.status, 400, "{who}: {r:?}");
+        let v: Value = serde_json::from_str(&r.body).unwrap();
+        assert!(
+            v["error"].as_str().unwrap().contains(says),
+            "{who}: {}",
+            r.body
+        );
+    }
+    assert_eq!(ok(&d, &a, "echo alive").await, "alive\n");
+    release(&d, &a.0).await;
+    d.stop().await;
+}
+
+/// What one sandbox writes (home, /tmp) no other sandbox sees, nor a later claim.
+#[tokio::test(flavor = "multi_thread")]
+async fn writes_are_private_to_one_sandbox() {
+    let d = Daemon::start(setup()).await;
+    let a = d.claim().await;
+    let b = d.claim().await;
+    ok(&d, &a, "echo secret > ~/mine && echo secret > /tmp/mine").await;
+    let none = "ls ~/mine /tmp/mine 2>/dev/null | wc -l";
+    assert_eq!(ok(&d, &b, none).await, "0\n");
+    release(&d, &a.0).await;
+    let c = d.claim().await;
+    assert_eq!(ok(&d, &c, none).await, "0\n");
+    release(&d, &b.0).await;
+    release(&d, &c.0).await;
+    d.stop().await;
+}
+
+/// Filling the home past `disk_mib` is ENOSPC inside; the node and the sandbox go on,
+/// the host's disk takes nothing, and nothing is left behind.
+#[tokio::test(flavor = "multi_thread")]
+async fn writing_past_disk_mib_is_enospc_and_the_node_is_fine() {
+    let d = Daemon::start(setup()).await;
+    d.wait_pool(Duration::from_secs(30), "1 warm", |p| p["warm"] == 1)
+        .await;
+    let census = Census::new(&d.dir, uid_range(&d.dir));
+    let before = census.count();
+    let a = d.claim().await;
+    let r = sh(
+        &d,
+        &a,
+        "dd if=/dev/zero of=$HOME/fill bs=1M count=100 2>&1; echo rc=$?; \
+         echo size=$(($(wc -c < $HOME/fill) / 1048576)); rm $HOME/fill",
+    )
+    .await;
+    assert!(r.out.contains("No space left on device"), "{r:?}");
+    assert!(r.out.contains("rc=1"), "{r:?}");
+    assert!(r.out.contains("size=6"), "filled to about 64 MiB: {r:?}");
+    assert_eq!(ok(&d, &a, "echo fine > ~/f && cat ~/f").await, "fine\n");
+    let b = d.claim().await;
+    assert_eq!(ok(&d, &b, "echo alive").await, "alive\n");
+    release(&d, &a.0).await;
+    release(&d, &b.0).await;
+    census.wait_back_to(&before).await;
+    d.stop().await;
+}
+
+/// A wheel made inside the sandbox (python's own zipfile) installs offline with
+/// `pip install --user` into the writable home, and imports.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_local_wheel_installs_offline_with_pip_user() {
+    let d = Daemon::start(setup()).await;
+    let a = d.claim().await;
+    let make = r#"
+import zipfile, hashlib, base64
+files = {
+    "tinypkg/__init__.py": "X = 42\n",
+    "tinypkg-0.1.dist-info/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 0.1\n",
+    "tinypkg-0.1.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+}
+record = []
+for name, text in files.items():
+    digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+    record.append(f"{name},sha256={digest},{len(text.encode())}")
+record.append("tinypkg-0.1.dist-info/RECORD,,")
+files["tinypkg-0.1.dist-info/RECORD"] = "\n".join(record) + "\n"
+with zipfile.ZipFile("/tmp/tinypkg-0.1-py3-none-any.whl", "w") as z:
+    for name, text in files.items():
+        z.writestr(name, text)
+"#;
+    let body = json!({"argv": ["python3", "-c", make]});
+    let r = run(&d, &a, body).await;
+    assert_eq!(r.exit, Some(0), "{r:?}");
+    // Debian marks its Python externally managed (PEP 668); --user into the home is
+    // what an agent does, with the override pip asks for.
+    ok(
+        &d,
+        &a,
+        "pip install --user --no-index --break-system-packages \
+         /tmp/tinypkg-0.1-py3-none-any.whl 2>&1",
+    )
+    .await;
+    assert_eq!(
+        ok(
+            &d,
+            &a,
+            "cd / && python3 -c 'import tinypkg; print(tinypkg.X, tinypkg.__file__)'"
+        )
+        .await,
+        "42 /home/user/.local/lib/python3.11/site-packages/tinypkg/__init__.py\n"
+    );
+    release(&d, &a.0).await;
+    d.stop().await;
+}
