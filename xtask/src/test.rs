@@ -1,7 +1,8 @@
 //! `cargo xtask test`: the gate `.ci/run` runs. The system packages the tests need (checked,
 //! not installed: `cargo xtask deps` does that), format, lints, every binary and example
 //! (tests spawn the prebuilt `target/debug/{silkd,sandboxd,sbx}` and examples and never
-//! build them), the guest image (sandboxd's qemu tests boot `target/images/base`), then
+//! build them), the guest images (sandboxd's qemu tests boot `target/images/base`, its
+//! templates tests use `target/images/default`), then
 //! every test; stops at the first step that fails and names it.
 
 use crate::{deps, image, tool, workspace_root, Result};
@@ -57,7 +58,14 @@ pub fn run(args: &Args) -> Result<()> {
                 tool::stream(step, tool::cargo().args(*cargo_args).current_dir(&root))?
             }
             Step::Packages => deps::check()?,
-            Step::Image => image::run(&image::Args::default())?,
+            Step::Image => {
+                image::run(&image::Args::default())?;
+                // sandboxd's templates tests run python, node and git in it.
+                image::run(&image::Args {
+                    template: "default".into(),
+                    ..image::Args::default()
+                })?;
+            }
         }
     }
     eprintln!("xtask test: all {} steps passed", steps.len());

@@ -1,6 +1,7 @@
 //! `cargo xtask up`: a working node from a fresh clone in one command. System packages
-//! (`deps`, as root), release sandboxd/silkd/sbx, the guest image (VMs boot it; the
-//! process engine uses its rootfs), the engine chosen and said aloud, the node's config
+//! (`deps`, as root), release sandboxd/silkd/sbx, the `default` template's image (Debian
+//! with python3, pip, node and git; VMs boot it, the process engine uses its tree), the
+//! engine chosen and said aloud, the node's config
 //! and token under `target/up/`, `sbx` configured and on PATH; then this process becomes sandboxd, in the foreground, so
 //! Ctrl-C or SIGTERM reaches it directly and it shuts down cleanly.
 
@@ -44,7 +45,7 @@ pub fn run() -> Result<()> {
     )?;
     let release = root.join("target/release");
 
-    step(3, "guest image");
+    step(3, "the default template's image");
     let engine = choose_engine()?;
 
     step(4, "node config");
@@ -103,11 +104,15 @@ pub fn run() -> Result<()> {
     })
 }
 
-/// Builds the guest image (both engines need it: VMs boot it, the process engine uses its
-/// `rootfs/`, never this machine's own `/`), then picks `qemu` when QEMU runs, else
-/// `process`, which needs bwrap. Either way the choice and its reason are printed.
+/// Builds the `default` template's image (both engines need it: VMs boot it, the process
+/// engine uses its `rootfs/`, never this machine's own `/`), then picks `qemu` when QEMU
+/// runs, else `process`, which needs bwrap. Either way the choice and its reason are
+/// printed.
 fn choose_engine() -> Result<Engine> {
-    let args = image::Args::default();
+    let args = image::Args {
+        template: config::TEMPLATE.into(),
+        ..image::Args::default()
+    };
     let manifest = image::build(&args)?;
     let why_not = match deps::qemu_version() {
         None => format!("{} does not run", deps::QEMU),
@@ -122,9 +127,12 @@ fn choose_engine() -> Result<Engine> {
             };
             say(&format!(
                 "ENGINE: qemu — QEMU {v} runs and the guest image is at {} (kernel {}); \
-                 VMs use {accel}",
+                 VMs use {accel}; template {} (python3, node, git; commands run as \
+                 `user` in /home/user), pool warmup imports Python's and Node's common \
+                 modules; no network in sandboxes",
                 args.out().display(),
-                manifest.kernel.release
+                manifest.kernel.release,
+                config::TEMPLATE
             ));
             return Ok(Engine::Qemu { image: args.out() });
         }
@@ -134,8 +142,11 @@ fn choose_engine() -> Result<Engine> {
         "ENGINE: process — {why_not}; sandboxes are bubblewrap namespaces over the guest \
          image's rootfs ({}/rootfs, read-only), each as its own unprivileged uid with \
          seccomp and cgroup limits; they share this machine's kernel, which isolates much \
-         less than a VM",
-        args.out().display()
+         less than a VM. Template {} (python3, node, git; commands run as `user` in \
+         /home/user), pool warmup imports Python's and Node's common modules; no network \
+         in sandboxes",
+        args.out().display(),
+        config::TEMPLATE
     ));
     Ok(Engine::Process { image: args.out() })
 }
@@ -185,7 +196,8 @@ up: sandboxd is starting in the foreground on {url}; Ctrl-C (or SIGTERM) stops i
 
   In another terminal:
 
-    sbx run -- uname -a                  # claim, run, release
+    sbx run -- python3 -c 'print(1)'     # claim, run (as `user`), release
+    sbx run --user root -- id            # as root (VM engine; see docs/templates.md)
     sbx claim                            # prints an id and its token
     sbx exec ID -- sh -c 'echo hi'       # then: sbx release ID
 
