@@ -232,3 +232,16 @@ with zipfile.ZipFile("/tmp/tinypkg-0.1-py3-none-any.whl", "w") as z:
     release(&d, &a.0).await;
     d.stop().await;
 }
+
+/// A template without metadata (`base`, busybox): commands run as root with HOME=/root,
+/// which is writable (a size-capped tmpfs), in the legacy work dir.
+#[tokio::test(flavor = "multi_thread")]
+async fn home_is_writable_without_template_metadata() {
+    let d = Daemon::start(Setup::default()).await;
+    let a = d.claim().await;
+    let body = json!({"argv": ["sh", "-c", "echo hi > ~/f && cat ~/f; echo $HOME $USER; pwd"]});
+    let r = run(&d, &a, body).await;
+    assert_eq!(r.out, "hi\n/root root\n/home/sandbox\n", "{r:?}");
+    release(&d, &a.0).await;
+    d.stop().await;
+}

@@ -63,6 +63,18 @@ async fn exec_streams_and_propagates_exit_codes() {
         assert_eq!(out.stdout, b"out 1 /tmp\xff");
         assert_eq!(out.stderr, b"err");
 
+        // --user: the sandbox's root by name; an unknown user is sbx's one-line 125.
+        let out = sbx(
+            &d,
+            &["exec", id, "--user", "root", "--", "sh", "-c", "echo $USER"],
+        )
+        .await;
+        assert_eq!(out.stdout, b"root\n", "{}", stderr(&out));
+        let out = sbx(&d, &["exec", id, "-u", "nosuchuser", "--", "true"]).await;
+        assert_eq!(out.status.code(), Some(125));
+        assert!(stderr(&out).contains("unknown user"), "{}", stderr(&out));
+        assert_eq!(stderr(&out).lines().count(), 1, "{}", stderr(&out));
+
         // stdin is forwarded when it is not a terminal, EOF included; the sandbox's own
         // token works as well as root's.
         let mut cmd = Command::from(sbx_command(&d));

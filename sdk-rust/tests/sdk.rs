@@ -98,6 +98,27 @@ async fn exact_binary_output_through_exec_and_spawn() {
         let out = sandbox.spawn(&head).await.unwrap().output().await.unwrap();
         assert_eq!(out.stdout, ls[..4096]);
 
+        // A user through both paths (HTTP exec and the relay): root by name; an unknown
+        // one is BadRequest either way.
+        let whoami = Command::new("sh")
+            .args(["-c", "echo $USER $HOME"])
+            .user("root");
+        let out = sandbox.exec(&whoami).await.unwrap();
+        assert_eq!(out.stdout, b"root /root\n");
+        let out = sandbox
+            .spawn(&whoami)
+            .await
+            .unwrap()
+            .output()
+            .await
+            .unwrap();
+        assert_eq!(out.stdout, b"root /root\n");
+        let nobody = Command::new("true").user("nosuchuser");
+        let e = sandbox.exec(&nobody).await.unwrap_err();
+        assert!(matches!(e, Error::BadRequest(_)), "{e:?}");
+        let e = sandbox.spawn(&nobody).await.unwrap_err();
+        assert!(matches!(e, Error::BadRequest(_)), "{e:?}");
+
         // Mixed valid and invalid UTF-8 on both streams, through exec.
         let script = r"printf 'caf\303\251 \377\000\001' ; printf '\200 ok' >&2";
         let out = sandbox

@@ -67,10 +67,11 @@ pub fn prepare(spec: &Spec) -> Result<Launch> {
     let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
     let switch = match &account {
         Some(a) if a.uid == euid && a.gid == egid => None,
-        Some(a) if euid != 0 => {
+        Some(a) if euid != 0 || !user::can_switch() => {
             return Err(Error::BadRequest(format!(
-                "cannot run as {:?} (uid {}): silkd runs as uid {euid}, not root, and can \
-                 only run commands as itself",
+                "cannot run as {:?} (uid {}): silkd runs as uid {euid} without the right to \
+                 switch users (the process engine maps one uid per sandbox), and can only \
+                 run commands as itself",
                 a.name, a.uid
             )))
         }

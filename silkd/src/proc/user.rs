@@ -59,6 +59,25 @@ pub fn parse_env_flag(s: &str) -> std::result::Result<(String, String), String> 
     }
 }
 
+/// Whether silkd may change uid and gid: root with CAP_SETUID and CAP_SETGID in effect.
+/// Root of a user namespace that maps one id and drops every capability (the process
+/// engine) is uid 0 but may not. Read once from /proc; unreadable means try and see.
+pub fn can_switch() -> bool {
+    static CAN: OnceLock<bool> = OnceLock::new();
+    *CAN.get_or_init(|| {
+        let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+            return true;
+        };
+        let eff = status
+            .lines()
+            .find_map(|l| l.strip_prefix("CapEff:"))
+            .and_then(|v| u64::from_str_radix(v.trim(), 16).ok());
+        // CAP_SETGID is 6, CAP_SETUID 7 (linux/capability.h).
+        let wanted = (1u64 << 6) | (1u64 << 7);
+        eff.is_none_or(|e| e & wanted == wanted)
+    })
+}
+
 /// Resolves `who` (a name, or a decimal uid) from the guest's account files.
 pub fn lookup(who: &str) -> Result<Account> {
     let passwd = read_account_file(PASSWD)?;
