@@ -310,11 +310,13 @@ impl Engine for ProcessEngine {
             .map(|d| d.as_nanos())
             .unwrap_or(0);
         Ok(format!(
-            "bwrap={} silkd={} silkd_len={} silkd_mtime={mtime} rootfs={}",
+            "bwrap={} silkd={} silkd_len={} silkd_mtime={mtime} rootfs={} template={:?}",
             self.bwrap.display(),
             self.silkd.binary.display(),
             meta.len(),
-            spec.template_config.rootfs.display()
+            spec.template_config.rootfs.display(),
+            // The template's user, workdir and env decide how the warmup runs.
+            spec.template_config.meta.silkd_args()
         ))
     }
 
