@@ -1,6 +1,7 @@
 //! PID-1 duties, done only when silkd is the VM's init: mount the basic filesystems
 //! (cgroup2 included, for per-command cgroups), load the image's kernel modules, bring up
-//! `lo`, name the virtio-serial ports.
+//! `lo`, name the virtio-serial ports, and, for a template with a root disk, switch
+//! root into an overlay of that read-only disk and a private tmpfs (`switch_to_disk`).
 //! Orphans are reaped by the normal reaper (`proc::reaper`), which collects every child.
 //!
 //! Every step logs and carries on when it fails: a half-set-up guest that still answers
@@ -8,14 +9,36 @@
 
 use std::ffi::CString;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
-use nix::mount::{mount, MsFlags};
+use nix::mount::{mount, umount2, MntFlags, MsFlags};
 
 /// Where the image lists the modules to load, one path per line, in load order.
 pub const MODULES_LIST: &str = "/etc/silkd/modules";
 
 /// Where PID 1 mounts cgroup2; silkd's default `--cgroup` as init.
 pub const CGROUP_MOUNT: &str = "/sys/fs/cgroup";
+
+/// `--disk-mib` when not given: `[sizes.X] disk_mib`'s default.
+pub const DEFAULT_DISK_MIB: u64 = 512;
+/// Largest `--disk-mib` (1 TiB): a bound on a number that becomes a mount option.
+pub const MAX_DISK_MIB: u64 = 1 << 20;
+/// In the initramfs: the tmpfs holding the writable layer, and the read-only disk under it.
+const LAYERS: &str = "/.layers";
+/// In the initramfs: where the overlay is assembled before it becomes `/`.
+const NEW_ROOT: &str = "/.root";
+/// How long the root disk may take to appear after `virtio_blk` loads (it probes
+/// synchronously; this is slack for a slow TCG host, not an expected wait).
+const DEVICE_WAIT: Duration = Duration::from_secs(10);
+
+/// The template's root disk, from `--root-disk` and `--disk-mib`.
+#[derive(Debug, Clone, Copy)]
+pub struct RootDisk<'a> {
+    /// The block device holding the erofs image (`/dev/vda`).
+    pub device: &'a Path,
+    /// Size of the writable layer in MiB.
+    pub disk_mib: u64,
+}
 
 /// Runs every PID-1 duty, in order. Returns the cgroup2 mount when it succeeded.
 pub fn pid1_duties() -> Option<PathBuf> {
@@ -161,6 +184,124 @@ fn bring_up_loopback() -> std::io::Result<()> {
     // SAFETY: fd is ours and open.
     unsafe { libc::close(fd) };
     result
+}
+
+/// Mounts `disk.device` (erofs) read-only, a tmpfs of `disk.disk_mib` for the writable
+/// layer, the overlay of both, moves `/dev` (with `/dev/pts`), `/proc` and `/sys` (with
+/// the cgroup2 mount) into it, binds `/usr` read-only, and makes it `/` (move onto `/` and chroot: `pivot_root`
+/// refuses the initramfs). `/tmp` and `/run` are the overlay's own, so every write a
+/// command can make outside `/dev` counts against the one `disk_mib` bound. silkd is
+/// already running from the initramfs, so it keeps serving from memory.
+///
+/// Unlike the other duties a failure here is returned: a template guest that silently
+/// served busybox instead of its tree would be worse than a boot error with the reason
+/// on the console.
+pub fn switch_to_disk(disk: &RootDisk<'_>) -> std::io::Result<()> {
+    let ctx = |what: String| move |e: nix::Error| std::io::Error::other(format!("{what}: {e}"));
+    let deadline = Instant::now() + DEVICE_WAIT;
+    while !disk.device.exists() {
+        if Instant::now() > deadline {
+            return Err(std::io::Error::other(format!(
+                "root disk {} did not appear within {DEVICE_WAIT:?} (is virtio_blk in the \
+                 image's module list?)",
+                disk.device.display()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let layers = Path::new(LAYERS);
+    std::fs::create_dir_all(layers)?;
+    let size = format!("size={}m,mode=0755", disk.disk_mib);
+    mount(
+        Some("tmpfs"),
+        layers,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(size.as_str()),
+    )
+    .map_err(ctx(format!("mount tmpfs ({size}) on {LAYERS}")))?;
+    let (lower, upper, work) = (
+        layers.join("lower"),
+        layers.join("upper"),
+        layers.join("work"),
+    );
+    for d in [&lower, &upper, &work] {
+        std::fs::create_dir(d)?;
+    }
+    mount(
+        Some(disk.device),
+        &lower,
+        Some("erofs"),
+        MsFlags::MS_RDONLY,
+        None::<&str>,
+    )
+    .map_err(ctx(format!(
+        "mount erofs {} read-only",
+        disk.device.display()
+    )))?;
+    std::fs::create_dir_all(NEW_ROOT)?;
+    let options = format!(
+        "lowerdir={},upperdir={},workdir={}",
+        lower.display(),
+        upper.display(),
+        work.display()
+    );
+    mount(
+        Some("overlay"),
+        NEW_ROOT,
+        Some("overlay"),
+        MsFlags::empty(),
+        Some(options.as_str()),
+    )
+    .map_err(ctx(format!("mount overlay ({options}) on {NEW_ROOT}")))?;
+    let new_root = Path::new(NEW_ROOT);
+    for dir in ["/tmp", "/run"] {
+        // The initramfs's tmpfs here would be a second, unbounded writable place.
+        umount2(dir, MntFlags::MNT_DETACH).map_err(ctx(format!("umount {dir}")))?;
+        let inside = new_root.join(&dir[1..]);
+        std::fs::create_dir_all(&inside)?;
+        let mode = if dir == "/tmp" { 0o1777 } else { 0o755 };
+        std::fs::set_permissions(&inside, std::os::unix::fs::PermissionsExt::from_mode(mode))?;
+    }
+    // The template's software is the same in every sandbox: /usr stays read-only even to
+    // root, as on the process engine; /etc, /var, the homes and /tmp are the private layer.
+    let usr = new_root.join("usr");
+    if usr.is_dir() {
+        mount(
+            Some(&usr),
+            &usr,
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(ctx("binding /usr".into()))?;
+        let ro = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_RDONLY;
+        mount(None::<&str>, &usr, None::<&str>, ro, None::<&str>)
+            .map_err(ctx("remounting /usr read-only".into()))?;
+    }
+    for dir in ["/dev", "/proc", "/sys"] {
+        let inside = new_root.join(&dir[1..]);
+        std::fs::create_dir_all(&inside)?;
+        mount(
+            Some(dir),
+            &inside,
+            None::<&str>,
+            MsFlags::MS_MOVE,
+            None::<&str>,
+        )
+        .map_err(ctx(format!("moving {dir} into the new root")))?;
+    }
+    nix::unistd::chdir(new_root).map_err(ctx(format!("chdir {NEW_ROOT}")))?;
+    mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>)
+        .map_err(ctx("moving the new root onto /".into()))?;
+    nix::unistd::chroot(".").map_err(ctx("chroot".into()))?;
+    nix::unistd::chdir("/").map_err(ctx("chdir /".into()))?;
+    tracing::info!(
+        device = %disk.device.display(),
+        disk_mib = disk.disk_mib,
+        "switched root to the template's disk"
+    );
+    Ok(())
 }
 
 /// udev is absent: create `/dev/virtio-ports/<name>` → `/dev/vportNpM` ourselves. Ports

@@ -57,6 +57,16 @@ pub struct Args {
     /// engine seeds its fresh /home from the template's). Repeatable.
     #[arg(long = "seed", value_parser = seed::parse_flag)]
     pub seed: Vec<(PathBuf, PathBuf)>,
+
+    /// As PID 1: a block device holding the template's read-only erofs root. silkd mounts
+    /// it under an overlay whose writable layer is a tmpfs of `--disk-mib`, and switches
+    /// root into it before serving, so commands see the template's tree.
+    #[arg(long)]
+    pub root_disk: Option<PathBuf>,
+    /// Size in MiB of the writable layer over `--root-disk` (writes past it: ENOSPC).
+    #[arg(long, default_value_t = init::DEFAULT_DISK_MIB,
+          value_parser = clap::value_parser!(u64).range(1..=init::MAX_DISK_MIB))]
+    pub disk_mib: u64,
 }
 
 /// Logs go to stderr; `RUST_LOG` filters (default `info`).

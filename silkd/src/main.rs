@@ -9,6 +9,17 @@ fn main() -> std::process::ExitCode {
         if let Some(cgroup) = silkd::init::pid1_duties() {
             args.cgroup.get_or_insert(cgroup);
         }
+        if let Some(device) = args.root_disk.as_deref() {
+            let disk = silkd::init::RootDisk {
+                device,
+                disk_mib: args.disk_mib,
+            };
+            if let Err(e) = silkd::init::switch_to_disk(&disk) {
+                // Init exiting panics the kernel: the boot fails with this on the console.
+                eprintln!("silkd: switching root to {}: {e}", device.display());
+                return std::process::ExitCode::FAILURE;
+            }
+        }
     }
     match silkd::serve_blocking(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -274,7 +274,7 @@ pub fn build(args: &Args, loaded: &Loaded, progress: &Progress) -> Result<Manife
     ));
     let resolved = resolve(&suites, &spec.packages, &args.cache)?;
     progress.step(&format!("  {} packages in the tree", resolved.len()));
-    let boot = boot_stage(args, progress)?;
+    let boot = boot_stage(args, progress, true)?;
     let mmdebstrap = tool::output(Command::new("mmdebstrap").arg("--version"))?;
 
     let mut key = Sha256::new();

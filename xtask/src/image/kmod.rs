@@ -22,6 +22,11 @@ pub const WANTED: &[&str] = &[
     "virtio_balloon",
 ];
 
+/// Added for templates with a root disk (`rootfs.erofs`): the read-only virtio-blk disk,
+/// its filesystem, and the overlay that puts each sandbox's writable layer on top.
+/// `base` (no disk) leaves them out, so its boot stage stays as it was.
+pub const DISK: &[&str] = &["virtio_blk", "erofs", "overlay"];
+
 /// One module ready to copy into the image.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Module {

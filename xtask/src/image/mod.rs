@@ -178,7 +178,7 @@ impl Boot {
 
 /// `base`: the boot stage's tree is the whole root filesystem.
 fn build_busybox(args: &Args, loaded: &spec::Loaded, progress: &Progress) -> Result<Manifest> {
-    let boot = boot_stage(args, progress)?;
+    let boot = boot_stage(args, progress, false)?;
     let out = args.out();
     let staging = sibling(&out, "new")?;
     apt::recreate_dir(&staging)?;
@@ -261,7 +261,8 @@ pub fn cached(out: &Path, cache_key: &str) -> Option<Manifest> {
 }
 
 /// Resolves, fetches and assembles the boot stage (kernel, busybox, silkd, modules).
-pub fn boot_stage(args: &Args, progress: &Progress) -> Result<Boot> {
+/// `disk`: the image has a root disk, so the boot stage also loads [`kmod::DISK`].
+pub fn boot_stage(args: &Args, progress: &Progress, disk: bool) -> Result<Boot> {
     let step = |what: &str| progress.step(what);
     tool::require(&["apt-cache", "apt-get", "dpkg-deb"])?;
 
@@ -300,7 +301,11 @@ pub fn boot_stage(args: &Args, progress: &Progress) -> Result<Boot> {
     let release = kernel_release(&kernel)?;
     let modules_dir = kernel_dir.join("lib/modules").join(&release);
     step(&format!("resolving kernel modules of {release}"));
-    let modules = kmod::load_order(&modules_dir, kmod::WANTED)?;
+    let mut wanted = kmod::WANTED.to_vec();
+    if disk {
+        wanted.extend_from_slice(kmod::DISK);
+    }
+    let modules = kmod::load_order(&modules_dir, &wanted)?;
     step(&format!(
         "  load order: {}",
         modules

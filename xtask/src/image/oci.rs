@@ -602,7 +602,7 @@ pub fn build(args: &Args, path: &Path, progress: &Progress) -> Result<Manifest> 
         };
         progress.step(&format!("reading the image at {}", path.display()));
         let (image, digest) = read_image(&source)?;
-        let boot = boot_stage(args, progress)?;
+        let boot = boot_stage(args, progress, true)?;
         let mut key = Sha256::new();
         key.update(format!("{BUILDER}\n{}\n{digest}", args.template).as_bytes());
         for part in [&boot.silkd, &boot.vmlinuz, &boot.initramfs] {
