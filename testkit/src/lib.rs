@@ -40,6 +40,7 @@ pub mod sdk;
 pub mod setup;
 pub mod silkd;
 pub mod vm;
+pub mod vm_disk;
 pub mod wait;
 
 pub use daemon::{Api, Daemon, DaemonProcess};

@@ -55,6 +55,11 @@ pub const MEMORY_FD: i32 = 8;
 /// The golden's migration state (written by the golden, read by clones).
 pub const STATE_FD: i32 = 9;
 
+/// The template's read-only root disk (`rootfs.erofs`), for templates that have one.
+pub const DISK_FD: i32 = 10;
+/// Where the guest sees that disk: the only virtio-blk device, so always the first.
+pub const GUEST_DISK: &str = "/dev/vda";
+
 /// QEMU's own syscall filter: no obsolete calls, no set*uid (it never needs to gain or
 /// change privileges), no fork/exec, no scheduler or affinity changes.
 pub const SANDBOX: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny";
@@ -85,6 +90,9 @@ pub struct Launch<'a> {
     pub balloon: bool,
     /// Wait for `migrate-incoming` instead of booting.
     pub incoming: bool,
+    /// The template's root disk (inherited as [`DISK_FD`]) with a writable layer of this
+    /// many MiB; `None` boots the initramfs alone (`base`).
+    pub disk_mib: Option<u64>,
 }
 
 /// The silkd socket inside a run dir.
@@ -107,12 +115,17 @@ fn fd_path(fd: i32) -> String {
     format!("/proc/self/fd/{fd}")
 }
 
-/// Kernel command line: quiet, fast under TCG, silkd serving the `silkd` port as init.
-pub fn kernel_cmdline(tsc_khz: u64) -> String {
+/// Kernel command line: quiet, fast under TCG, silkd serving the `silkd` port as init
+/// (and, with a root disk, switching root into it with a writable layer of `disk_mib`).
+pub fn kernel_cmdline(tsc_khz: u64, disk_mib: Option<u64>) -> String {
+    // TODO(merge): append `TemplateMeta::silkd_args()` (user, workdir, env) here.
+    let disk = disk_mib.map_or(String::new(), |mib| {
+        format!(" --root-disk {GUEST_DISK} --disk-mib {mib}")
+    });
     format!(
         "console=ttyS0 panic=-1 quiet loglevel=1 no_timer_check i8042.noaux i8042.nomux \
          i8042.nopnp i8042.dumbkbd mitigations=off tsc=reliable random.trust_cpu=on \
-         tsc_early_khz={tsc_khz} -- --listen serial:silkd"
+         tsc_early_khz={tsc_khz} -- --listen serial:silkd{disk}"
     )
 }
 
@@ -128,9 +141,13 @@ pub fn args(l: &Launch<'_>) -> Vec<OsString> {
         Accel::Kvm => push(&["-accel", "kvm", "-cpu", "host"]),
         Accel::Tcg => push(&["-accel", &format!("tcg,tb-size={TCG_TB_MIB}")]),
     }
-    let (serial_dev, balloon_dev) = match l.machine {
-        Machine::Microvm => ("virtio-serial-device", "virtio-balloon-device"),
-        Machine::Q35 => ("virtio-serial-pci", "virtio-balloon-pci"),
+    let (serial_dev, balloon_dev, blk_dev) = match l.machine {
+        Machine::Microvm => (
+            "virtio-serial-device",
+            "virtio-balloon-device",
+            "virtio-blk-device",
+        ),
+        Machine::Q35 => ("virtio-serial-pci", "virtio-balloon-pci", "virtio-blk-pci"),
     };
     let machine = match l.machine {
         Machine::Microvm => "microvm",
@@ -168,7 +185,7 @@ pub fn args(l: &Launch<'_>) -> Vec<OsString> {
     }
     push(&["-kernel", &fd_path(KERNEL_FD)]);
     push(&["-initrd", &fd_path(INITRD_FD)]);
-    push(&["-append", &kernel_cmdline(l.tsc_khz)]);
+    push(&["-append", &kernel_cmdline(l.tsc_khz, l.disk_mib)]);
     push(&["-device", &format!("{serial_dev},id=vs0")]);
     let chan = format!("socket,id=ch0,fd={CHANNEL_FD},server=on,wait=off");
     push(&["-chardev", &chan]);
@@ -178,6 +195,18 @@ pub fn args(l: &Launch<'_>) -> Vec<OsString> {
             "-device",
             &format!("{balloon_dev},id=balloon0,deflate-on-oom=on"),
         ]);
+    }
+    if l.disk_mib.is_some() {
+        // virtio-blk, not virtio-pmem: QEMU's virtio-pmem is PCI-only (it needs memory
+        // hotplug), so `-M microvm`, the default machine, cannot have it. Read-only, so
+        // no guest can write the image every guest of the template shares, and cached
+        // by the host (cache=writeback): one page cache of the image serves all QEMUs.
+        let drive = format!(
+            "file={},format=raw,readonly=on,if=none,id=root,cache=writeback",
+            fd_path(DISK_FD)
+        );
+        push(&["-drive", &drive]);
+        push(&["-device", &format!("{blk_dev},drive=root")]);
     }
     let qmp = format!("socket,id=qmp,fd={QMP_FD},server=on,wait=off");
     push(&["-chardev", &qmp, "-mon", "chardev=qmp,mode=control"]);
@@ -202,6 +231,7 @@ mod tests {
             tsc_khz: 2_596_122,
             balloon: true,
             incoming,
+            disk_mib: None,
         })
         .into_iter()
         .map(|s| s.into_string().unwrap())
@@ -241,6 +271,46 @@ mod tests {
             assert!(!arg.contains("path=/run"), "a path QEMU would open: {arg}");
         }
         assert!(a.iter().any(|x| x == "tcg,tb-size=64"));
+    }
+
+    #[test]
+    fn a_root_disk_is_one_read_only_fd_named_to_silkd() {
+        let args = |memory, incoming| -> Vec<String> {
+            super::args(&Launch {
+                accel: Accel::Tcg,
+                machine: Machine::Microvm,
+                cpus: 1,
+                memory_mib: 512,
+                memory,
+                run_dir: Path::new("/run/x"),
+                tsc_khz: 1,
+                balloon: true,
+                incoming,
+                disk_mib: Some(300),
+            })
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect()
+        };
+        let golden = args(Memory::GoldenShared, false);
+        let clone = args(Memory::ClonePrivate, true);
+        let drive = &golden[golden.iter().position(|x| x == "-drive").unwrap() + 1];
+        assert!(drive.starts_with("file=/proc/self/fd/10,format=raw,readonly=on,"));
+        assert!(golden.iter().any(|x| x == "virtio-blk-device,drive=root"));
+        let append = &golden[golden.iter().position(|x| x == "-append").unwrap() + 1];
+        assert!(append.ends_with("-- --listen serial:silkd --root-disk /dev/vda --disk-mib 300"));
+        // The clone's disk is attached exactly as the golden's was.
+        let disk = |v: &[String]| -> Vec<String> {
+            v.iter()
+                .filter(|a| a.contains("drive") || a.contains("disk"))
+                .cloned()
+                .collect()
+        };
+        assert_eq!(disk(&golden), disk(&clone));
+        let base = launch(Memory::GoldenShared, false);
+        assert!(!base
+            .iter()
+            .any(|x| x == "-drive" || x.contains("virtio-blk")));
     }
 
     #[test]

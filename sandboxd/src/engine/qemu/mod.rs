@@ -197,6 +197,7 @@ impl QemuEngine {
             image: image.clone(),
             balloon: false,
             files: None,
+            disk: None,
         };
         match self
             .launch(Accel::Kvm, &boot, false, KVM_PROBE_TIMEOUT)
@@ -237,6 +238,7 @@ impl QemuEngine {
                 spec.template
             ))
         })?;
+        let disk = root_disk(&image)?.map(|path| (path, spec.size_config.disk_mib));
         Ok(Boot {
             cpus: spec.size_config.cpus,
             memory_mib: spec.size_config.memory_mib,
@@ -244,6 +246,7 @@ impl QemuEngine {
             image,
             balloon: !spec.no_balloon,
             files,
+            disk,
         })
     }
 
@@ -273,6 +276,13 @@ impl QemuEngine {
             File::open(&p).map_err(Error::io(format!("opening {}", p.display())))
         };
         let (kernel, initrd) = (open("vmlinuz")?, open("initramfs.cpio.gz")?);
+        // Opened read-only here and inherited: QEMU can only read it, whatever it asks.
+        let disk = match &boot.disk {
+            Some((path, _)) => {
+                Some(File::open(path).map_err(Error::io(format!("opening {}", path.display())))?)
+            }
+            None => None,
+        };
         let run_dir = self.run_root.join(&id);
         private::fresh_dir(&run_dir)?;
         let args = cmdline::args(&Launch {
@@ -285,6 +295,7 @@ impl QemuEngine {
             tsc_khz: self.tsc_khz,
             balloon: boot.balloon,
             incoming,
+            disk_mib: boot.disk.as_ref().map(|(_, mib)| *mib),
         });
         let readers = [self.readers_gid];
         let run_as = RunAs {
@@ -302,6 +313,7 @@ impl QemuEngine {
             initrd: &initrd,
             memory,
             state,
+            disk: disk.as_ref(),
         };
         let limits = cgroup_limits(boot, accel);
         let spawned = match spawn::spawn(
@@ -394,6 +406,38 @@ struct Boot<'f> {
     balloon: bool,
     /// The golden's memory file and migration state (golden and clones).
     files: Option<(&'f File, &'f File)>,
+    /// The template's root disk and the writable layer's size in MiB.
+    disk: Option<(PathBuf, u64)>,
+}
+
+/// The read-only root disk of the image in `image`, from its manifest's
+/// `template.rootfs_image` (`base` has none: it runs from the initramfs alone).
+// TODO(merge): read this through `TemplateMeta` (sandboxd/src/template.rs) once it lands.
+fn root_disk(image: &Path) -> Result<Option<PathBuf>> {
+    let manifest = image.join("manifest.json");
+    let text = match std::fs::read_to_string(&manifest) {
+        Ok(t) => t,
+        // golden_inputs names a missing manifest; a boot without one has no disk.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::Config(format!("{}: {e}", manifest.display()))),
+    };
+    let parsed: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| Error::Config(format!("{}: {e}", manifest.display())))?;
+    let Some(name) = parsed.pointer("/template/rootfs_image") else {
+        return Ok(None);
+    };
+    let name = name.as_str().filter(|n| {
+        let p = Path::new(n);
+        p.components().count() == 1
+            && matches!(p.components().next(), Some(std::path::Component::Normal(_)))
+    });
+    match name {
+        Some(n) => Ok(Some(image.join(n))),
+        None => Err(Error::Config(format!(
+            "{}: template.rootfs_image must be a file name in the image directory",
+            manifest.display()
+        ))),
+    }
 }
 
 /// A QEMU's cgroup: the guest's CPUs, its RAM plus QEMU's own margin (and the TCG
@@ -457,7 +501,8 @@ impl Engine for QemuEngine {
     }
 
     fn golden_inputs(&self, spec: &GuestSpec) -> Result<String> {
-        let image = Self::boot_of(spec, Memory::Anonymous, None)?.image;
+        let boot = Self::boot_of(spec, Memory::Anonymous, None)?;
+        let image = boot.image;
         let manifest = image.join("manifest.json");
         let text = std::fs::read_to_string(&manifest).map_err(|e| {
             Error::Config(format!(
@@ -473,8 +518,13 @@ impl Engine for QemuEngine {
             .ok_or_else(|| Error::Config(format!("{}: no image_digest", manifest.display())))?;
         // Accelerator is left out: it is settled asynchronously, and a snapshot's device
         // state does not depend on it for TCG ↔ TCG; `accel_choice` covers operator changes.
+        // With a root disk the writable layer's size is in the snapshot (a mounted tmpfs),
+        // so it keys the golden too; the disk's content is in `image_digest`.
+        let disk = boot
+            .disk
+            .map_or(String::new(), |(_, mib)| format!(" disk_mib={mib}"));
         Ok(format!(
-            "qemu={} accel={:?} machine={:?} cpus={} memory_mib={} balloon={} image={digest}",
+            "qemu={} accel={:?} machine={:?} cpus={} memory_mib={} balloon={} image={digest}{disk}",
             self.version,
             self.accel_choice,
             self.machine,
@@ -609,4 +659,42 @@ fn qemu_version(binary: &Path) -> Result<String> {
     })?;
     let text = String::from_utf8_lossy(&out.stdout);
     Ok(text.lines().next().unwrap_or("unknown").trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn image_with(manifest: &str) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("manifest.json"), manifest).unwrap();
+        dir
+    }
+
+    #[test]
+    fn the_root_disk_is_a_file_of_the_image_directory_or_refused() {
+        let base = image_with(r#"{"image_digest": "sha256:00"}"#);
+        assert_eq!(root_disk(base.path()).unwrap(), None, "base has no disk");
+        let tpl = image_with(r#"{"template": {"rootfs_image": "rootfs.erofs"}}"#);
+        assert_eq!(
+            root_disk(tpl.path()).unwrap(),
+            Some(tpl.path().join("rootfs.erofs"))
+        );
+        // A manifest naming a file outside its directory (or not a name) is refused, so
+        // no image can hand a guest a host file as its disk.
+        for hostile in [
+            r#""../../etc/shadow""#,
+            r#""/dev/sda""#,
+            r#""sub/disk""#,
+            r#""..""#,
+            r#""""#,
+            "7",
+        ] {
+            let dir = image_with(&format!(r#"{{"template": {{"rootfs_image": {hostile}}}}}"#));
+            let err = root_disk(dir.path()).unwrap_err().to_string();
+            assert!(err.contains("rootfs_image"), "{hostile}: {err}");
+        }
+        let broken = image_with("{not json");
+        assert!(root_disk(broken.path()).is_err());
+    }
 }

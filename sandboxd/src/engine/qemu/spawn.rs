@@ -36,6 +36,8 @@ pub struct Files<'a> {
     pub memory: Option<&'a File>,
     /// The golden's migration state (written by the golden, read by clones).
     pub state: Option<&'a File>,
+    /// The template's read-only root disk.
+    pub disk: Option<&'a File>,
 }
 
 /// Who QEMU runs as.
@@ -95,6 +97,9 @@ pub fn spawn(
     }
     if let Some(s) = files.state {
         inherit.push((park(s.as_raw_fd())?, cmdline::STATE_FD));
+    }
+    if let Some(d) = files.disk {
+        inherit.push((park(d.as_raw_fd())?, cmdline::DISK_FD));
     }
     let moves: Vec<(RawFd, RawFd)> = inherit.iter().map(|(f, t)| (f.as_raw_fd(), *t)).collect();
 
