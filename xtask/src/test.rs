@@ -1,9 +1,9 @@
 //! `cargo xtask test`: the gate `.ci/run` runs. The system packages the tests need (checked,
 //! not installed: `cargo xtask deps` does that), format, lints, every binary and example
 //! (tests spawn the prebuilt `target/debug/{silkd,sandboxd,sbx}` and examples and never
-//! build them), the guest images (sandboxd's qemu tests boot `target/images/base`, its
-//! templates tests use `target/images/default`), then
-//! every test; stops at the first step that fails and names it.
+//! build them), the guest images (sandboxd's qemu tests boot `target/images/base`; its
+//! `templates` and `qemu_templates` tests use `target/images/default`), then every test;
+//! stops at the first step that fails and names it.
 
 use crate::{deps, image, tool, workspace_root, Result};
 
@@ -20,7 +20,8 @@ enum Step<'a> {
     /// bwrap, file, ps and QEMU 10: first, so a host without them hears it in a second
     /// and in one line, not after the build as a wall of failing tests.
     Packages,
-    Image,
+    /// A guest image: `base`, or a template (`default`, with its root disk).
+    Image(&'a str),
 }
 
 pub fn run(args: &Args) -> Result<()> {
@@ -28,7 +29,7 @@ pub fn run(args: &Args) -> Result<()> {
         .into_iter()
         .chain(args.cargo_test_args.iter().map(String::as_str))
         .collect();
-    let steps: [(&'static str, Step); 6] = [
+    let steps: [(&'static str, Step); 7] = [
         ("system packages", Step::Packages),
         ("fmt", Step::Cargo(&["fmt", "--all", "--check"])),
         (
@@ -47,7 +48,10 @@ pub fn run(args: &Args) -> Result<()> {
             Step::Cargo(&["build", "--workspace", "--bins", "--examples"]),
         ),
         // Cached package downloads and an up-to-date static silkd make this a few seconds.
-        ("image", Step::Image),
+        ("image", Step::Image("base")),
+        // Cached by its spec and resolved package versions: a rebuild only when they (or
+        // silkd, or the boot stage) changed.
+        ("image --template default", Step::Image("default")),
         ("test", Step::Cargo(&test)),
     ];
     let root = workspace_root();
@@ -58,14 +62,10 @@ pub fn run(args: &Args) -> Result<()> {
                 tool::stream(step, tool::cargo().args(*cargo_args).current_dir(&root))?
             }
             Step::Packages => deps::check()?,
-            Step::Image => {
-                image::run(&image::Args::default())?;
-                // sandboxd's templates tests run python, node and git in it.
-                image::run(&image::Args {
-                    template: "default".into(),
-                    ..image::Args::default()
-                })?;
-            }
+            Step::Image(template) => image::run(&image::Args {
+                template: (*template).into(),
+                ..image::Args::default()
+            })?,
         }
     }
     eprintln!("xtask test: all {} steps passed", steps.len());
