@@ -15,6 +15,10 @@ pub enum Bench {
     ExecMemory,
     /// Real VMs through sandboxd (qemu engine); builds the guest image first.
     Vm,
+    /// Templates on the qemu engine: `default` (root disk) vs `base`: clone-to-ready,
+    /// memory per idle clone, first python3/node with and without a warmup, and the
+    /// cached build time of `default`; builds both images first.
+    Templates,
     /// The process engine's exec round trip with and without its seccomp filter and
     /// per-sandbox identity (as root); builds the guest image first.
     Isolation,
@@ -67,6 +71,22 @@ pub fn run(which: Bench) -> Result<()> {
             image::run(&image::Args::default())?;
             run_example("bench vm", "bench_vm")
         }
+        Bench::Templates => {
+            image::run(&image::Args::default())?;
+            let default = image::Args {
+                template: "default".into(),
+                ..image::Args::default()
+            };
+            // The first run builds (cold or not); the second is the cached case.
+            image::run(&default)?;
+            let t = std::time::Instant::now();
+            image::run(&default)?;
+            println!(
+                "bench templates: cached `cargo xtask image --template default`: {:.2} s",
+                t.elapsed().as_secs_f64()
+            );
+            run_example("bench templates", "bench_templates")
+        }
         Bench::Unknown(args) => Err(Error::UnknownBenchmark {
             name: args.first().cloned().unwrap_or_default(),
             known: known().join(", "),
@@ -99,11 +119,14 @@ mod tests {
 
     #[test]
     fn names_are_the_documented_ones_and_others_are_refused() {
-        assert_eq!(known(), ["exec", "exec-memory", "vm", "isolation"]);
+        assert_eq!(
+            known(),
+            ["exec", "exec-memory", "vm", "templates", "isolation"]
+        );
         let err = run(Bench::Unknown(vec!["nope".into()])).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown benchmark `nope`; known benchmarks: exec, exec-memory, vm, isolation"
+            "unknown benchmark `nope`; known benchmarks: exec, exec-memory, vm, templates, isolation"
         );
     }
 }
