@@ -124,6 +124,22 @@ async fn default_template_runs_from_one_shared_read_only_disk() {
         mounts.lines().any(|l| l.starts_with("overlay / overlay ")),
         "/ is not the overlay: {mounts}"
     );
+    // What PID 1 mounted before the switch came along: per-command cgroups, /proc, /dev.
+    for mount in [
+        " /sys/fs/cgroup cgroup2 ",
+        " /proc proc ",
+        " /dev/pts devpts ",
+    ] {
+        assert_eq!(
+            mounts.matches(mount).count(),
+            1,
+            "{mount:?} in the new root: {mounts}"
+        );
+    }
+    assert!(
+        !mounts.contains(" /tmp tmpfs ") && !mounts.contains(" /run tmpfs "),
+        "/tmp and /run must be the bounded layer's: {mounts}"
+    );
 
     // 2. /usr is read-only even to root; /tmp and root's home are writable.
     for target in ["/usr/bin/planted", "/usr/lib/python3/planted"] {
