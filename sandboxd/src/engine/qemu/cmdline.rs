@@ -197,10 +197,11 @@ pub fn args(l: &Launch<'_>) -> Vec<OsString> {
         ]);
     }
     if l.disk_mib.is_some() {
-        // virtio-blk, not virtio-pmem: QEMU's virtio-pmem is PCI-only (it needs memory
-        // hotplug), so `-M microvm`, the default machine, cannot have it. Read-only, so
-        // no guest can write the image every guest of the template shares, and cached
-        // by the host (cache=writeback): one page cache of the image serves all QEMUs.
+        // virtio-blk, not virtio-pmem: pmem's region is guest RAM to migration, so every
+        // golden's state would carry the image unless it is mapped shared and skipped by
+        // x-ignore-shared, which needs more care (docs/templates.md). Read-only, so no
+        // guest can write the image every guest of the template shares, and cached by
+        // the host (cache=writeback): one page cache of the image serves all QEMUs.
         let drive = format!(
             "file={},format=raw,readonly=on,if=none,id=root,cache=writeback",
             fd_path(DISK_FD)
