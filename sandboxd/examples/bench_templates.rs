@@ -65,6 +65,8 @@ fn spec(name: &str, image: &Path, golden_dir: PathBuf) -> GuestSpec {
         template_config: TemplateConfig {
             rootfs: image.join("rootfs"),
             image: Some(image.to_path_buf()),
+            // The template's user, workdir and env, as sandboxd would pass them.
+            meta: sandboxd::template::TemplateMeta::load(image).expect("the image's metadata"),
         },
         size_config: SizeConfig {
             cpus: 1,

@@ -107,9 +107,10 @@ impl TemplateMeta {
 
     fn check(&self) -> std::result::Result<(), String> {
         let plain = |what: &str, s: &str| {
-            if s.is_empty() || s.len() > MAX_STRING || s.contains(['\0', '\n']) {
+            // No `"` either: the qemu engine passes these on the kernel command line.
+            if s.is_empty() || s.len() > MAX_STRING || s.contains(['\0', '\n', '"']) {
                 Err(format!(
-                    "{what} must be 1 to {MAX_STRING} bytes without NUL or newline"
+                    "{what} must be 1 to {MAX_STRING} bytes without NUL, newline or '\"'"
                 ))
             } else {
                 Ok(())
@@ -145,9 +146,9 @@ impl TemplateMeta {
             if !name_ok || k.len() > MAX_STRING {
                 return Err(format!("env name {k:?} must match [A-Za-z_][A-Za-z0-9_]*"));
             }
-            if v.contains(['\0', '\n']) || v.len() > MAX_STRING {
+            if v.contains(['\0', '\n', '"']) || v.len() > MAX_STRING {
                 return Err(format!(
-                    "env value of {k} holds NUL or newline, or is too long"
+                    "env value of {k} holds NUL, newline or '\"', or is too long"
                 ));
             }
         }

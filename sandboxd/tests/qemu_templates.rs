@@ -54,13 +54,14 @@ warm_max = 3
     )
 }
 
-/// Runs `sh -c script` and returns the exec result (any exit code).
+/// Runs `sh -c script` as root (these checks are about what even root cannot do) and
+/// returns the exec result (any exit code).
 async fn sh(d: &Daemon, id: &str, token: &str, script: &str) -> Value {
     let r = d
         .exec(
             id,
             token,
-            json!({ "argv": ["sh", "-c", script], "timeout_seconds": 240 }),
+            json!({ "argv": ["sh", "-c", script], "timeout_seconds": 240, "user": "root" }),
         )
         .await;
     assert_eq!(r.status, 200, "exec {script:?}: {}", r.text());
@@ -139,6 +140,26 @@ async fn default_template_runs_from_one_shared_read_only_disk() {
     assert!(
         !mounts.contains(" /tmp tmpfs ") && !mounts.contains(" /run tmpfs "),
         "/tmp and /run must be the bounded layer's: {mounts}"
+    );
+
+    // 1b. Without `user`, commands run as the template's user, in its home, with the
+    // template's programs, and its passwordless sudo works; it cannot write /usr.
+    let r = d
+        .exec(
+            &a,
+            &ta,
+            json!({ "argv": ["sh", "-c", "whoami; pwd; echo $HOME; echo hi > ~/f && cat ~/f; \
+                     python3 -c 'print(2)'; git --version >/dev/null && echo git; \
+                     sudo -n id -u; echo x > /usr/planted || echo refused"],
+                    "timeout_seconds": 240 }),
+        )
+        .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["stdout"],
+        "user\n/home/user\n/home/user\nhi\n2\ngit\n0\nrefused\n",
+        "{}",
+        r.text()
     );
 
     // 2. /usr is read-only even to root; /tmp and root's home are writable.

@@ -93,6 +93,8 @@ pub struct Launch<'a> {
     /// The template's root disk (inherited as [`DISK_FD`]) with a writable layer of this
     /// many MiB; `None` boots the initramfs alone (`base`).
     pub disk_mib: Option<u64>,
+    /// silkd's flags from the template, appended after its own.
+    pub silkd_args: &'a [String],
 }
 
 /// The silkd socket inside a run dir.
@@ -116,12 +118,21 @@ fn fd_path(fd: i32) -> String {
 }
 
 /// Kernel command line: quiet, fast under TCG, silkd serving the `silkd` port as init
-/// (and, with a root disk, switching root into it with a writable layer of `disk_mib`).
-pub fn kernel_cmdline(tsc_khz: u64, disk_mib: Option<u64>) -> String {
-    // TODO(merge): append `TemplateMeta::silkd_args()` (user, workdir, env) here.
-    let disk = disk_mib.map_or(String::new(), |mib| {
+/// (and, with a root disk, switching root into it with a writable layer of `disk_mib`),
+/// then the template's silkd flags. The kernel splits init's arguments at spaces unless
+/// they are in double quotes, so an argument with whitespace is quoted (the template's
+/// metadata holds no `"`: `TemplateMeta` refuses it).
+pub fn kernel_cmdline(tsc_khz: u64, disk_mib: Option<u64>, silkd_args: &[String]) -> String {
+    let mut disk = disk_mib.map_or(String::new(), |mib| {
         format!(" --root-disk {GUEST_DISK} --disk-mib {mib}")
     });
+    for a in silkd_args {
+        if a.contains(char::is_whitespace) {
+            disk.push_str(&format!(" \"{a}\""));
+        } else {
+            disk.push_str(&format!(" {a}"));
+        }
+    }
     format!(
         "console=ttyS0 panic=-1 quiet loglevel=1 no_timer_check i8042.noaux i8042.nomux \
          i8042.nopnp i8042.dumbkbd mitigations=off tsc=reliable random.trust_cpu=on \
@@ -185,7 +196,10 @@ pub fn args(l: &Launch<'_>) -> Vec<OsString> {
     }
     push(&["-kernel", &fd_path(KERNEL_FD)]);
     push(&["-initrd", &fd_path(INITRD_FD)]);
-    push(&["-append", &kernel_cmdline(l.tsc_khz, l.disk_mib)]);
+    push(&[
+        "-append",
+        &kernel_cmdline(l.tsc_khz, l.disk_mib, l.silkd_args),
+    ]);
     push(&["-device", &format!("{serial_dev},id=vs0")]);
     let chan = format!("socket,id=ch0,fd={CHANNEL_FD},server=on,wait=off");
     push(&["-chardev", &chan]);
@@ -233,6 +247,7 @@ mod tests {
             balloon: true,
             incoming,
             disk_mib: None,
+            silkd_args: &[],
         })
         .into_iter()
         .map(|s| s.into_string().unwrap())
@@ -275,6 +290,21 @@ mod tests {
     }
 
     #[test]
+    fn template_flags_follow_silkd_s_own_and_whitespace_is_quoted() {
+        let flags: Vec<String> = ["--user", "user", "--env", "GREETING=hello there"]
+            .map(String::from)
+            .to_vec();
+        let line = kernel_cmdline(1, Some(64), &flags);
+        assert!(
+            line.ends_with(
+                "-- --listen serial:silkd --root-disk /dev/vda --disk-mib 64 \
+                 --user user --env \"GREETING=hello there\""
+            ),
+            "{line}"
+        );
+    }
+
+    #[test]
     fn a_root_disk_is_one_read_only_fd_named_to_silkd() {
         let args = |memory, incoming| -> Vec<String> {
             super::args(&Launch {
@@ -288,6 +318,7 @@ mod tests {
                 balloon: true,
                 incoming,
                 disk_mib: Some(300),
+                silkd_args: &[],
             })
             .into_iter()
             .map(|s| s.into_string().unwrap())

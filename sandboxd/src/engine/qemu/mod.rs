@@ -198,6 +198,7 @@ impl QemuEngine {
             balloon: false,
             files: None,
             disk: None,
+            silkd_args: Vec::new(),
         };
         match self
             .launch(Accel::Kvm, &boot, false, KVM_PROBE_TIMEOUT)
@@ -247,6 +248,7 @@ impl QemuEngine {
             balloon: !spec.no_balloon,
             files,
             disk,
+            silkd_args: spec.template_config.meta.silkd_args(),
         })
     }
 
@@ -296,6 +298,7 @@ impl QemuEngine {
             balloon: boot.balloon,
             incoming,
             disk_mib: boot.disk.as_ref().map(|(_, mib)| *mib),
+            silkd_args: &boot.silkd_args,
         });
         let readers = [self.readers_gid];
         let run_as = RunAs {
@@ -408,11 +411,12 @@ struct Boot<'f> {
     files: Option<(&'f File, &'f File)>,
     /// The template's root disk and the writable layer's size in MiB.
     disk: Option<(PathBuf, u64)>,
+    /// silkd's flags from the template (default user, workdir, env).
+    silkd_args: Vec<String>,
 }
 
 /// The read-only root disk of the image in `image`, from its manifest's
 /// `template.rootfs_image` (`base` has none: it runs from the initramfs alone).
-// TODO(merge): read this through `TemplateMeta` (sandboxd/src/template.rs) once it lands.
 fn root_disk(image: &Path) -> Result<Option<PathBuf>> {
     let manifest = image.join("manifest.json");
     let text = match std::fs::read_to_string(&manifest) {
@@ -520,11 +524,13 @@ impl Engine for QemuEngine {
         // state does not depend on it for TCG ↔ TCG; `accel_choice` covers operator changes.
         // With a root disk the writable layer's size is in the snapshot (a mounted tmpfs),
         // so it keys the golden too; the disk's content is in `image_digest`.
+        // silkd's template flags are parsed once, by the golden's silkd: clones inherit them.
         let disk = boot
             .disk
             .map_or(String::new(), |(_, mib)| format!(" disk_mib={mib}"));
+        let silkd = boot.silkd_args.join(" ");
         Ok(format!(
-            "qemu={} accel={:?} machine={:?} cpus={} memory_mib={} balloon={} image={digest}{disk}",
+            "qemu={} accel={:?} machine={:?} cpus={} memory_mib={} balloon={} image={digest}{disk} silkd=[{silkd}]",
             self.version,
             self.accel_choice,
             self.machine,
