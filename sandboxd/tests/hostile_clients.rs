@@ -60,8 +60,10 @@ fn leftovers(d: &Daemon) -> (usize, usize, usize) {
     )
 }
 
-/// The leftovers once the connections of earlier calls have closed.
+/// The leftovers once the connections of earlier calls have closed and the warm pool is
+/// full again (a refill in flight would count as a leftover, or hide one).
 async fn settled(d: &Daemon) -> (usize, usize, usize) {
+    steady_pool(d).await;
     wait_until(
         Duration::from_secs(10),
         "earlier calls' connections closed",
@@ -71,10 +73,19 @@ async fn settled(d: &Daemon) -> (usize, usize, usize) {
     leftovers(d)
 }
 
-/// Waits until the leftovers are `want` again.
+/// Every pool at its warm target, with nothing starting.
+async fn steady_pool(d: &Daemon) {
+    d.wait_pool(Duration::from_secs(60), "the pool full", |p| {
+        p["warm"] == p["target"]
+    })
+    .await;
+}
+
+/// Waits until the leftovers are `want` again, once the pool is full again.
 async fn leftovers_back_to(d: &Daemon, want: (usize, usize, usize)) {
+    steady_pool(d).await;
     wait_until(
-        Duration::from_secs(10),
+        Duration::from_secs(30),
         "the leftovers of before",
         async || {
             let now = leftovers(d);
