@@ -2,6 +2,8 @@
 //! one `validate()` (in `validate.rs`) that every other module may then rely on. Runtime
 //! state lives elsewhere.
 
+mod engines;
+mod limits;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -9,6 +11,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use self::engines::{AccelChoice, ProcessConfig, QemuConfig, QemuMachine};
+pub use self::limits::{ExecConfig, HttpConfig};
 use crate::error::{Error, Result};
 
 /// The whole file.
@@ -170,146 +174,6 @@ pub struct PoolConfig {
     pub no_balloon: bool,
 }
 
-/// `[exec]`: buffered exec limits.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExecConfig {
-    /// Per-exec output cap in raw bytes, stdout and stderr together (413 beyond).
-    #[serde(default = "max_output")]
-    pub max_output_bytes: u64,
-    /// Node-wide heap for buffered output; beyond it output spills to unlinked temp files.
-    #[serde(default = "memory_budget")]
-    pub memory_budget_bytes: u64,
-    /// Buffered execs at once (503 + Retry-After beyond).
-    #[serde(default = "max_in_flight")]
-    pub max_in_flight: u32,
-    /// Buffered execs at once in one sandbox (503 + Retry-After beyond), so one sandbox
-    /// cannot take the node's whole share.
-    #[serde(default = "max_in_flight_per_sandbox")]
-    pub max_in_flight_per_sandbox: u32,
-    /// Buffered execs at once across one tenant's sandboxes (503 + Retry-After beyond).
-    #[serde(default = "max_in_flight_per_tenant")]
-    pub max_in_flight_per_tenant: u32,
-}
-
-impl Default for ExecConfig {
-    fn default() -> Self {
-        ExecConfig {
-            max_output_bytes: max_output(),
-            memory_budget_bytes: memory_budget(),
-            max_in_flight: max_in_flight(),
-            max_in_flight_per_sandbox: max_in_flight_per_sandbox(),
-            max_in_flight_per_tenant: max_in_flight_per_tenant(),
-        }
-    }
-}
-
-/// `[http]`: what one client may hold of the node: connections, and how long a
-/// connection may sit on a request or a response without progress.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct HttpConfig {
-    /// Open connections at once, relays included; beyond it a new connection is answered
-    /// 503 and closed.
-    #[serde(default = "max_connections")]
-    pub max_connections: u32,
-    /// From a request's first byte to its complete head (slow-headers clients).
-    #[serde(default = "header_timeout")]
-    pub header_timeout_seconds: u64,
-    /// From a request's head to its complete body (408 beyond).
-    #[serde(default = "body_timeout")]
-    pub body_timeout_seconds: u64,
-    /// A connection with no request in progress is closed after this long without a
-    /// byte (new connections that never send, and idle keep-alive ones).
-    #[serde(default = "idle_timeout")]
-    pub idle_timeout_seconds: u64,
-    /// A response write that makes no progress for this long (the client stopped
-    /// reading) closes the connection, which frees the exec output it held.
-    #[serde(default = "write_timeout")]
-    pub write_timeout_seconds: u64,
-    /// Relays open at once to one sandbox (429 beyond).
-    #[serde(default = "max_relays_per_sandbox")]
-    pub max_relays_per_sandbox: u32,
-}
-
-impl Default for HttpConfig {
-    fn default() -> Self {
-        HttpConfig {
-            max_connections: max_connections(),
-            header_timeout_seconds: header_timeout(),
-            body_timeout_seconds: body_timeout(),
-            idle_timeout_seconds: idle_timeout(),
-            write_timeout_seconds: write_timeout(),
-            max_relays_per_sandbox: max_relays_per_sandbox(),
-        }
-    }
-}
-
-/// `[process]`: options of the process engine.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ProcessConfig {
-    /// The bubblewrap binary.
-    #[serde(default = "bwrap")]
-    pub bwrap: PathBuf,
-    /// Where the cgroup hierarchies are mounted.
-    #[serde(default = "cgroup_root")]
-    pub cgroup_root: PathBuf,
-    /// First host uid (and gid) of the range sandboxes run under when sandboxd is root:
-    /// one per sandbox, owning nothing on the host. Far above any real user's.
-    #[serde(default = "uid_base")]
-    pub uid_base: u32,
-    /// How many uids the range holds (so at most this many sandboxes at once).
-    #[serde(default = "uid_count")]
-    pub uid_count: u32,
-    /// UNSAFE: accept a template rootfs that contains the node's own files (`/`, or any
-    /// tree holding `data_dir` or the config file): sandboxes can then read them.
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub unsafe_host_rootfs: bool,
-    /// UNSAFE: start sandboxes even when cpu, memory or pids limits cannot all be applied
-    /// (listed in `/v1/info` warnings); one sandbox can then starve the node.
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub allow_missing_cgroups: bool,
-    /// UNSAFE, for measuring only: no seccomp filter, so sandboxes may call every syscall
-    /// (new user namespaces, keyring, bpf, io_uring...).
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub unsafe_no_seccomp: bool,
-    /// UNSAFE, for measuring only: every sandbox runs as sandboxd's own user (root when
-    /// sandboxd is root) instead of a uid of its own from `uid_base`.
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub unsafe_no_identity: bool,
-}
-
-impl Default for ProcessConfig {
-    fn default() -> Self {
-        ProcessConfig {
-            bwrap: bwrap(),
-            cgroup_root: cgroup_root(),
-            uid_base: uid_base(),
-            uid_count: uid_count(),
-            unsafe_host_rootfs: false,
-            allow_missing_cgroups: false,
-            unsafe_no_seccomp: false,
-            unsafe_no_identity: false,
-        }
-    }
-}
-
-impl ProcessConfig {
-    /// The opt-outs that are on, by key name, for logs and `/v1/info` warnings.
-    pub fn weakened(&self) -> Vec<&'static str> {
-        [
-            ("unsafe_host_rootfs", self.unsafe_host_rootfs),
-            ("allow_missing_cgroups", self.allow_missing_cgroups),
-            ("unsafe_no_seccomp", self.unsafe_no_seccomp),
-            ("unsafe_no_identity", self.unsafe_no_identity),
-        ]
-        .into_iter()
-        .filter_map(|(name, on)| on.then_some(name))
-        .collect()
-    }
-}
-
 fn default_ttl() -> u64 {
     300
 }
@@ -334,138 +198,8 @@ fn max_pids() -> u64 {
 fn disk_mib() -> u64 {
     512
 }
-fn uid_base() -> u32 {
-    // Far above login users (1000+), systemd's dynamic users (61184-65519) and the
-    // subordinate ranges useradd hands out (100000+, 65536 each), and below 2^31 - 1 so
-    // no tool that treats uids as signed 32-bit numbers sees a negative one.
-    2_000_000_000
-}
-fn uid_count() -> u32 {
-    65_536
-}
-fn is_false(b: &bool) -> bool {
-    !*b
-}
 fn warm_max() -> u32 {
     8
-}
-fn max_output() -> u64 {
-    8 * 1024 * 1024
-}
-fn memory_budget() -> u64 {
-    64 * 1024 * 1024
-}
-fn max_in_flight() -> u32 {
-    256
-}
-fn max_in_flight_per_sandbox() -> u32 {
-    32
-}
-fn max_in_flight_per_tenant() -> u32 {
-    128
-}
-fn max_connections() -> u32 {
-    4096
-}
-fn header_timeout() -> u64 {
-    10
-}
-fn body_timeout() -> u64 {
-    30
-}
-fn idle_timeout() -> u64 {
-    60
-}
-fn write_timeout() -> u64 {
-    30
-}
-fn max_relays_per_sandbox() -> u32 {
-    32
-}
-fn bwrap() -> PathBuf {
-    PathBuf::from("bwrap")
-}
-fn cgroup_root() -> PathBuf {
-    PathBuf::from("/sys/fs/cgroup")
-}
-
-/// `[qemu]`: options of the qemu engine.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct QemuConfig {
-    /// The QEMU binary.
-    #[serde(default = "qemu_binary")]
-    pub binary: PathBuf,
-    /// `auto` (KVM if it actually boots a guest, else TCG), `kvm` or `tcg`.
-    #[serde(default)]
-    pub accel: AccelChoice,
-    /// `microvm` (fastest) or `q35`.
-    #[serde(default = "qemu_machine")]
-    pub machine: QemuMachine,
-    /// Directory (tmpfs) under which this daemon keeps its private (0700) directory of
-    /// golden guest RAM files.
-    #[serde(default = "memory_dir")]
-    pub memory_dir: PathBuf,
-    /// When sandboxd is root: QEMUs run as uids `uid_base + 1 .. uid_base + uid_count`
-    /// (one each, gid = uid), and `uid_base` is the group that may read golden files.
-    /// Apart from the process engine's range, and owning nothing on the host.
-    #[serde(default = "qemu_uid_base")]
-    pub uid_base: u32,
-    /// Size of that range (so at most `uid_count - 1` QEMUs at once).
-    #[serde(default = "qemu_uid_count")]
-    pub uid_count: u32,
-}
-
-impl Default for QemuConfig {
-    fn default() -> Self {
-        QemuConfig {
-            binary: qemu_binary(),
-            accel: AccelChoice::default(),
-            machine: qemu_machine(),
-            memory_dir: memory_dir(),
-            uid_base: qemu_uid_base(),
-            uid_count: qemu_uid_count(),
-        }
-    }
-}
-
-/// `[qemu] accel`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum AccelChoice {
-    /// Probe KVM once with a short deadline; TCG when it does not boot a guest.
-    #[default]
-    Auto,
-    /// Hardware virtualization.
-    Kvm,
-    /// Software emulation.
-    Tcg,
-}
-
-/// `[qemu] machine`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum QemuMachine {
-    /// virtio-mmio devices; fastest boot.
-    Microvm,
-    /// PCI devices; the safer fallback.
-    Q35,
-}
-
-fn qemu_binary() -> PathBuf {
-    PathBuf::from("qemu-system-x86_64")
-}
-fn qemu_machine() -> QemuMachine {
-    QemuMachine::Microvm
-}
-fn memory_dir() -> PathBuf {
-    PathBuf::from("/dev/shm")
-}
-fn qemu_uid_base() -> u32 {
-    2_100_000_000
-}
-fn qemu_uid_count() -> u32 {
-    65_536
 }
 
 /// Where the daemon listens.
