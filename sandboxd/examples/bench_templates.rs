@@ -43,6 +43,11 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+#[path = "host_mem/mod.rs"]
+mod host_mem;
+
+use host_mem::{mem_available_kib, qemu_pids, rss_pss_kib};
+
 type BoxError = Box<dyn std::error::Error>;
 
 fn image(name: &str) -> Result<PathBuf, BoxError> {
@@ -217,41 +222,4 @@ async fn bench() -> Result<(), BoxError> {
     }
     engine.shutdown();
     Ok(())
-}
-
-fn mem_available_kib() -> Result<u64, BoxError> {
-    let text = std::fs::read_to_string("/proc/meminfo")?;
-    text.lines()
-        .find(|l| l.starts_with("MemAvailable:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .ok_or_else(|| "no MemAvailable".into())
-}
-
-fn qemu_pids(run_root: &Path) -> Vec<u32> {
-    let needle = run_root.to_string_lossy().into_owned();
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
-            if String::from_utf8_lossy(&cmd).contains(&needle) {
-                out.push(pid);
-            }
-        }
-    }
-    out
-}
-
-fn rss_pss_kib(pid: u32) -> Result<(u64, u64), BoxError> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))?;
-    let field = |name: &str| {
-        text.lines()
-            .find(|l| l.starts_with(name))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(0)
-    };
-    Ok((field("Rss:"), field("Pss:")))
 }
