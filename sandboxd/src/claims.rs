@@ -118,7 +118,7 @@ impl Claims {
         rand::rngs::OsRng.fill_bytes(&mut id_raw);
         let sandbox = Arc::new(Sandbox::new(
             format!("sb-{}", hex::encode(id_raw)),
-            token.clone(),
+            digest(&token),
             template,
             size,
             slot.tenant.take(),
@@ -127,20 +127,47 @@ impl Claims {
         ));
         slot.armed = false;
         let mut inner = self.inner.lock().expect("claims lock");
-        inner.by_token.insert(digest(&token), sandbox.id.clone());
+        inner
+            .by_token
+            .insert(sandbox.token_sha256, sandbox.id.clone());
         inner.by_id.insert(sandbox.id.clone(), sandbox.clone());
         (sandbox, token)
     }
 
-    /// The sandbox whose token this is. The map is keyed by SHA-256 of the token, and the
+    /// Registers a sandbox re-adopted from its record after a restart: same id, same
+    /// token (by digest), counted against the node and its tenant like any claim but never
+    /// refused (it is running already; the limits may have shrunk since).
+    pub fn adopt(&self, rec: &crate::store::ClaimRecord, guest: Arc<dyn Guest>) -> Arc<Sandbox> {
+        let sandbox = Arc::new(Sandbox::new(
+            rec.id.clone(),
+            rec.token_sha256,
+            rec.template.clone(),
+            rec.size.clone(),
+            rec.tenant.clone(),
+            rec.deadline_ms,
+            guest,
+        ));
+        let mut inner = self.inner.lock().expect("claims lock");
+        inner.node_held += 1;
+        if let Some(t) = &rec.tenant {
+            *inner.tenant_held.entry(t.clone()).or_default() += 1;
+        }
+        inner
+            .by_token
+            .insert(sandbox.token_sha256, sandbox.id.clone());
+        inner.by_id.insert(sandbox.id.clone(), sandbox.clone());
+        sandbox
+    }
+
+    /// The sandbox whose token this is. The map is keyed by SHA-256 of the token (the
+    /// token itself is kept nowhere, so it survives restarts by digest alone), and the
     /// final comparison runs in constant time.
     pub fn id_for_token(&self, token: &str) -> Option<String> {
         let inner = self.inner.lock().expect("claims lock");
-        let id = inner.by_token.get(&digest(token))?;
+        let presented = digest(token);
+        let id = inner.by_token.get(&presented)?;
         match inner.by_id.get(id) {
-            Some(sandbox) => {
-                bool::from(sandbox.token.as_bytes().ct_eq(token.as_bytes())).then(|| id.clone())
-            }
+            Some(sandbox) => bool::from(sandbox.token_sha256.ct_eq(&presented)).then(|| id.clone()),
             // Released: the digest matched, which is all we kept.
             None => Some(id.clone()),
         }
@@ -213,7 +240,8 @@ impl Claims {
     }
 }
 
-fn digest(token: &str) -> [u8; 32] {
+/// SHA-256 of a token: what is kept of it, in memory and in the state database.
+pub fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
@@ -228,7 +256,7 @@ fn free_locked(inner: &mut Inner, tenant: Option<&str>) {
 
 fn remove_locked(inner: &mut Inner, id: &str) -> Option<Arc<Sandbox>> {
     let sandbox = inner.by_id.remove(id)?;
-    inner.released.push_back(digest(&sandbox.token));
+    inner.released.push_back(sandbox.token_sha256);
     if inner.released.len() > RELEASED_TOKENS_KEPT {
         if let Some(old) = inner.released.pop_front() {
             inner.by_token.remove(&old);
@@ -264,11 +292,13 @@ mod tests {
     }
 
     fn claimed(claims: &Claims, deadline_ms: u64) -> Arc<Sandbox> {
+        claimed_with_token(claims, deadline_ms).0
+    }
+
+    fn claimed_with_token(claims: &Claims, deadline_ms: u64) -> (Arc<Sandbox>, String) {
         let slot = claims.reserve(Some("t")).unwrap();
         let guest = Arc::new(Idle(Fate::new()));
-        claims
-            .insert(slot, "tp".into(), "sz".into(), deadline_ms, guest)
-            .0
+        claims.insert(slot, "tp".into(), "sz".into(), deadline_ms, guest)
     }
 
     #[test]
@@ -299,14 +329,14 @@ mod tests {
     fn take_expired_takes_only_the_expired() {
         let claims = Claims::new(4, [("t".to_string(), 4)].into());
         let now = now_ms();
-        let old = claimed(&claims, now - 10);
+        let (old, old_token) = claimed_with_token(&claims, now - 10);
         let _fresh = claimed(&claims, now + 60_000);
         let taken = claims.take_expired(now);
         assert_eq!(taken.len(), 1);
         assert_eq!(taken[0].id, old.id);
         assert!(claims.get(&old.id).is_none());
         // Its token stays known (404, not 401) after it is gone.
-        assert_eq!(claims.id_for_token(&old.token), Some(old.id.clone()));
+        assert_eq!(claims.id_for_token(&old_token), Some(old.id.clone()));
         assert_eq!(claims.active(), 1);
     }
 }

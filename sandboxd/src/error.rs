@@ -100,6 +100,14 @@ pub enum Error {
     /// The engine failed to create, boot or destroy a guest.
     #[error("engine: {0}")]
     Engine(String),
+    /// The state database (`data_dir/state.db`) could not be opened, read or written.
+    #[error("state database {path}: {message}")]
+    Store {
+        /// The database file.
+        path: String,
+        /// What went wrong.
+        message: String,
+    },
     /// A host I/O operation failed.
     #[error("{context}: {source}")]
     Io {

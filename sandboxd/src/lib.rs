@@ -14,6 +14,10 @@
 //! - [`guest`]: RPCs sandboxd makes to silkd itself (Info, Kill, warmup).
 //! - [`engine`]: the engine trait, each guest's [`engine::Fate`] (how it ended, written once
 //!   by its supervisor), the `process` engine (bubblewrap + cgroups) and `qemu` (real VMs).
+//! - [`store`]: the state database (`data_dir/state.db`): claims, pool targets, schema
+//!   migrations.
+//! - [`reconcile`]: on start, re-adopt recorded sandboxes that are alive, drop the rest,
+//!   sweep what no record owns.
 //! - [`metrics`]: Prometheus metrics.
 //! - [`template`]: a template's default user, workdir and env (from its image's
 //!   manifest), rendered as silkd's flags.
@@ -33,9 +37,11 @@ pub mod guest;
 pub mod metrics;
 pub mod node;
 pub mod pool;
+pub mod reconcile;
 pub mod relay;
 pub mod sandbox;
 pub mod serve;
+pub mod store;
 pub mod template;
 
 use std::future::Future;
@@ -94,8 +100,8 @@ impl Listener {
     }
 }
 
-/// Serves the API on `listener` until `shutdown` resolves, then destroys every sandbox
-/// (idle and claimed) and returns once no guest process is left.
+/// Serves the API on `listener` until `shutdown` resolves, then destroys every idle guest
+/// and, by `on_stop`, keeps or destroys the claimed ones, and returns.
 pub async fn run(
     listener: Listener,
     config: Config,
@@ -103,7 +109,7 @@ pub async fn run(
 ) -> Result<()> {
     config.validate()?;
     serve::raise_fd_limit(&config.http);
-    let node = Node::start(config)?;
+    let node = Node::start(config).await?;
     let slots = Connections::new(&node.config.http, node.metrics.clone());
     tracing::info!(listen = %listener.describe(), "sandboxd serving");
     let mut connections = tokio::task::JoinSet::new();
@@ -125,7 +131,7 @@ pub async fn run(
         // Reap finished connection tasks so the set does not grow.
         while connections.try_join_next().is_some() {}
     }
-    tracing::info!("shutting down: destroying every sandbox");
+    tracing::info!(on_stop = ?node.config.on_stop, "shutting down");
     node.shutdown().await;
     let _ = tokio::time::timeout(DRAIN, async {
         while connections.join_next().await.is_some() {}

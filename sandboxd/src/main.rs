@@ -1,5 +1,5 @@
 //! sandboxd entry point: flags, logging, config, bind, then [`sandboxd::run`] until
-//! SIGTERM or SIGINT.
+//! SIGTERM or SIGINT; a second signal, or `stop_timeout_seconds`, forces the exit.
 
 use std::path::PathBuf;
 
@@ -41,11 +41,28 @@ async fn start(args: Args) -> sandboxd::Result<()> {
         .map_err(sandboxd::Error::io("installing SIGTERM handler"))?;
     let mut int = signal(SignalKind::interrupt())
         .map_err(sandboxd::Error::io("installing SIGINT handler"))?;
-    let shutdown = async move {
+    let stop_bound = std::time::Duration::from_secs(config.stop_timeout_seconds);
+    let (begin, begun) = tokio::sync::oneshot::channel::<()>();
+    // The first signal starts a graceful stop; a second one, or the stop outlasting
+    // `stop_timeout_seconds`, exits at once (what is claimed keeps running either way
+    // under `on_stop = "keep"`, and the next start sweeps the rest).
+    tokio::spawn(async move {
         tokio::select! {
             _ = term.recv() => tracing::info!("SIGTERM"),
             _ = int.recv() => tracing::info!("SIGINT"),
         }
+        let _ = begin.send(());
+        tokio::select! {
+            _ = term.recv() => tracing::warn!("second SIGTERM: exiting now"),
+            _ = int.recv() => tracing::warn!("second SIGINT: exiting now"),
+            () = tokio::time::sleep(stop_bound) => {
+                tracing::warn!(?stop_bound, "graceful stop took too long: exiting now");
+            }
+        }
+        std::process::exit(2);
+    });
+    let shutdown = async move {
+        let _ = begun.await;
     };
     sandboxd::run(listener, config, shutdown).await
 }

@@ -1,6 +1,8 @@
-//! The node: the shared state every request sees (config, engine, pools, claims, exec
-//! limits, metrics) and the lifecycle operations that span them: claim, release, the TTL
-//! reaper, and shutdown that destroys every sandbox.
+//! The node: the shared state every request sees (config, engine, pools, claims, the
+//! state database, exec limits, metrics) and the lifecycle operations that span them:
+//! start (re-adopting what the database records), claim, release, renew, the TTL reaper,
+//! and shutdown (`on_stop`: keep claimed sandboxes for the next start, or destroy them).
+//! Every change a response reports is committed to the database before it is answered.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -11,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::auth::Auth;
 use crate::claims::{now_ms, Claims, Sandbox};
-use crate::config::{Config, EngineKind};
+use crate::config::{Config, EngineKind, OnStop};
 use crate::engine::process::ProcessEngine;
 use crate::engine::qemu::QemuEngine;
 use crate::engine::{Engine, Guest};
@@ -20,6 +22,7 @@ use crate::exec::Execs;
 use crate::metrics::{Metrics, SourceLabel};
 use crate::pool::{PoolKey, Pools};
 use crate::relay::Relays;
+use crate::store::{ClaimRecord, Store};
 
 /// How often the TTL reaper looks for expired sandboxes.
 const REAP_EVERY: Duration = Duration::from_millis(200);
@@ -42,6 +45,10 @@ pub struct Node {
     pub relays: Arc<Relays>,
     /// Metrics.
     pub metrics: Arc<Metrics>,
+    /// The state database.
+    pub store: Arc<Store>,
+    /// How long start-up reconciliation took and what it found (for logs and benches).
+    pub reconciled: crate::reconcile::Reconciled,
     shutdown: CancellationToken,
     reaper: Mutex<Option<JoinHandle<()>>>,
 }
@@ -55,8 +62,9 @@ pub struct Claimed {
 }
 
 impl Node {
-    /// Builds the engine, pools (their workers start now) and the TTL reaper.
-    pub fn start(config: Config) -> Result<Arc<Node>> {
+    /// Opens the state database, builds the engine, re-adopts the recorded sandboxes and
+    /// sweeps the rest, then starts pools (their workers start now) and the TTL reaper.
+    pub async fn start(config: Config) -> Result<Arc<Node>> {
         let config = Arc::new(config);
         let data_dir = &config.data_dir;
         // The API's own socket may live there too.
@@ -67,6 +75,7 @@ impl Node {
             _ => None,
         };
         private_data_dir(data_dir, socket.as_deref())?;
+        let store = Arc::new(Store::open(data_dir)?);
         let spill_dir = data_dir.join("spill");
         std::fs::create_dir_all(&spill_dir)
             .map_err(Error::io(format!("creating {}", spill_dir.display())))?;
@@ -85,12 +94,14 @@ impl Node {
                 config.templates.values().find_map(|t| t.image.clone()),
             )?),
         };
+        let mut reconciled = crate::reconcile::reconcile(&*engine, &store).await?;
         let metrics = Arc::new(Metrics::new());
         let shutdown = CancellationToken::new();
         let pools = Pools::start(
             config.clone(),
             engine.clone(),
             metrics.clone(),
+            store.clone(),
             shutdown.child_token(),
         )?;
         let tenant_max = config
@@ -98,8 +109,13 @@ impl Node {
             .iter()
             .map(|t| (t.name.clone(), t.max_claims))
             .collect();
+        let claims = Claims::new(config.max_claims, tenant_max);
+        for (rec, guest) in std::mem::take(&mut reconciled.adopted) {
+            claims.adopt(&rec, guest);
+        }
+        metrics.sandboxes.set(claims.active() as i64);
         let node = Arc::new(Node {
-            claims: Claims::new(config.max_claims, tenant_max),
+            claims,
             auth: Auth::new(&config),
             execs: Arc::new(Execs::new(&config.exec, spill_dir, metrics.clone())),
             relays: Relays::new(config.http.max_relays_per_sandbox, metrics.clone()),
@@ -107,6 +123,8 @@ impl Node {
             engine,
             pools,
             metrics,
+            store,
+            reconciled,
             shutdown,
             reaper: Mutex::new(None),
         });
@@ -161,6 +179,23 @@ impl Node {
         let (sandbox, token) =
             self.claims
                 .insert(slot, key.template, key.size, now_ms() + ttl * 1000, guest);
+        let record = ClaimRecord {
+            id: sandbox.id.clone(),
+            token_sha256: sandbox.token_sha256,
+            tenant: sandbox.tenant.clone(),
+            template: sandbox.template.clone(),
+            size: sandbox.size.clone(),
+            deadline_ms: sandbox
+                .deadline_ms
+                .load(std::sync::atomic::Ordering::SeqCst),
+            handle: sandbox.guest.handle(),
+        };
+        if let Err(e) = self.store.put_claim(&record) {
+            // Unrecorded, the claim would not survive a restart: refuse it whole.
+            self.claims.remove(&sandbox.id);
+            sandbox.guest.destroy().await;
+            return Err(e);
+        }
         self.metrics.sandboxes.set(self.claims.active() as i64);
         let label = SourceLabel { source };
         self.metrics.claims.get_or_create(&label).inc();
@@ -180,8 +215,11 @@ impl Node {
         })
     }
 
-    /// Releases a sandbox: unregisters it and destroys its guest. 404 when unknown.
+    /// Releases a sandbox: deletes its record, unregisters it and destroys its guest. 404
+    /// when unknown.
     pub async fn release(&self, id: &str) -> Result<()> {
+        self.claims.get(id).ok_or(Error::NotFound)?;
+        self.store.delete_claim(id)?;
         let sandbox = self.claims.remove(id).ok_or(Error::NotFound)?;
         self.metrics.sandboxes.set(self.claims.active() as i64);
         sandbox.guest.destroy().await;
@@ -201,9 +239,16 @@ impl Node {
             return Err(Error::BadRequest("ttl_seconds must be positive".into()));
         }
         let ttl = ttl_seconds.min(self.config.max_ttl_seconds);
-        self.claims
+        let deadline = self
+            .claims
             .renew(sandbox, ttl * 1000)
-            .ok_or(Error::NotFound)
+            .ok_or(Error::NotFound)?;
+        self.store.set_deadline(&sandbox.id, || {
+            sandbox
+                .deadline_ms
+                .load(std::sync::atomic::Ordering::SeqCst)
+        })?;
+        Ok(deadline)
     }
 
     /// `/v1/info`.
@@ -244,6 +289,10 @@ impl Node {
             for sandbox in self.claims.take_expired(now_ms()) {
                 tracing::info!(id = %sandbox.id, "deadline passed; destroying");
                 self.metrics.expired.inc();
+                if let Err(e) = self.store.delete_claim(&sandbox.id) {
+                    // Left in the database, the next start reaps it as expired.
+                    tracing::warn!(id = %sandbox.id, "cannot delete the expired claim: {e}");
+                }
                 destroying.spawn(async move { sandbox.guest.destroy().await });
             }
             self.metrics.sandboxes.set(self.claims.active() as i64);
@@ -251,8 +300,9 @@ impl Node {
         while destroying.join_next().await.is_some() {}
     }
 
-    /// Stops pools and the reaper (its destroys under way finish), then destroys every
-    /// sandbox, idle or claimed.
+    /// Stops pools and the reaper (its destroys under way finish) and destroys every idle
+    /// guest; then, by `on_stop`, leaves every claimed sandbox that can be re-adopted
+    /// running (`keep`) or destroys them all and deletes their records (`destroy`).
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
         let reaper = self.reaper.lock().expect("reaper lock").take();
@@ -266,10 +316,26 @@ impl Node {
             .into_iter()
             .filter_map(|s| self.claims.remove(&s.id))
             .collect();
-        futures::future::join_all(claimed.iter().map(|s| s.guest.destroy())).await;
+        let keep = self.config.on_stop == OnStop::Keep;
+        let (kept, doomed): (Vec<_>, Vec<_>) = claimed
+            .into_iter()
+            .partition(|s| keep && s.guest.handle().is_some() && s.failure().is_none());
+        for s in &kept {
+            s.guest.leave_running();
+        }
+        for s in &doomed {
+            if let Err(e) = self.store.delete_claim(&s.id) {
+                tracing::warn!(id = %s.id, "cannot delete the claim's record: {e}");
+            }
+        }
+        futures::future::join_all(doomed.iter().map(|s| s.guest.destroy())).await;
         self.metrics.sandboxes.set(0);
-        self.engine.shutdown();
-        tracing::info!(destroyed = claimed.len(), "all sandboxes destroyed");
+        self.engine.shutdown(!kept.is_empty());
+        tracing::info!(
+            kept = kept.len(),
+            destroyed = doomed.len(),
+            "claimed sandboxes kept running for the next start, or destroyed"
+        );
     }
 }
 
@@ -288,6 +354,9 @@ fn private_data_dir(dir: &Path, socket: Option<&str>) -> Result<()> {
         "qemu",
         "pools.json",
         "pools.tmp",
+        "state.db",
+        "state.db-wal",
+        "state.db-shm",
     ];
     let io = |what: &str| Error::io(format!("{what} {}", dir.display()));
     if !dir.exists() {

@@ -17,7 +17,8 @@ const CONFIRM_FAILURE: Duration = Duration::from_millis(500);
 pub struct Sandbox {
     /// Public id.
     pub id: String,
-    pub(crate) token: String,
+    /// SHA-256 of its token (the token itself is never kept).
+    pub(crate) token_sha256: [u8; 32],
     /// Template name.
     pub template: String,
     /// Size name.
@@ -32,7 +33,7 @@ pub struct Sandbox {
 impl Sandbox {
     pub(crate) fn new(
         id: String,
-        token: String,
+        token_sha256: [u8; 32],
         template: String,
         size: String,
         tenant: Option<String>,
@@ -41,7 +42,7 @@ impl Sandbox {
     ) -> Sandbox {
         Sandbox {
             id,
-            token,
+            token_sha256,
             template,
             size,
             tenant,

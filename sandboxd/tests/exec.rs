@@ -413,8 +413,8 @@ async fn a_warm_sandbox_that_died_is_not_handed_out() {
     let d = Daemon::start(Setup::default()).await;
     d.wait_pool(Duration::from_secs(10), "1 warm", |p| p["warm"] == 1)
         .await;
-    // Kill the idle sandbox's outer bwrap (the daemon's child); --die-with-parent takes
-    // the rest of it down.
+    // Kill the idle sandbox's outer bwrap (the daemon's child); its supervisor then kills
+    // the rest of it through its cgroup.
     let ours = procs_with(&d.dir.display().to_string());
     let outer: Vec<u32> = ours
         .iter()

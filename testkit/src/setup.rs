@@ -48,6 +48,9 @@ pub struct Setup {
     pub disk_mib: u64,
     /// More `[process]` lines, verbatim (the isolation tests' opt-outs).
     pub process_extra: String,
+    /// `on_stop`: `"destroy"` for most tests (a stopped daemon leaves nothing), `"keep"`
+    /// for the restart tests.
+    pub on_stop: &'static str,
     /// The template's rootfs; the guest image's `rootfs/` when absent.
     pub rootfs: Option<PathBuf>,
     /// A built template image (`target/images/NAME`): the template is then `NAME`, given
@@ -75,6 +78,7 @@ impl Default for Setup {
             allow_missing_cgroups: false,
             disk_mib: 64,
             process_extra: String::new(),
+            on_stop: "destroy",
             rootfs: None,
             image: None,
         }
@@ -116,6 +120,7 @@ default_ttl_seconds = {dttl}
 max_ttl_seconds = {mttl}
 boot_timeout_seconds = 10
 warmup_timeout_seconds = 10
+on_stop = "{on_stop}"
 
 [templates.{template}]
 {source}
@@ -146,6 +151,7 @@ warm_max = {warm_max}
                 ),
             },
             disk_mib = self.disk_mib,
+            on_stop = self.on_stop,
             max_claims = self.max_claims,
             dttl = self.default_ttl_seconds,
             mttl = self.max_ttl_seconds,

@@ -171,7 +171,9 @@ pub fn status_of(error: &Error) -> StatusCode {
         Error::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         Error::Guest(_) | Error::Wire(_) | Error::SandboxFailed { .. } => StatusCode::BAD_GATEWAY,
         Error::ClientGone(_) => CLIENT_GONE,
-        Error::Config(_) | Error::Engine(_) | Error::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+        Error::Config(_) | Error::Engine(_) | Error::Store { .. } | Error::Io { .. } => {
+            StatusCode::INTERNAL_SERVER_ERROR
+        }
     }
 }
 
@@ -181,7 +183,9 @@ pub fn status_of(error: &Error) -> StatusCode {
 /// Root, and the log, always get the whole message.
 fn tenant_message(error: &Error, incident: &str) -> Option<String> {
     let what = match error {
-        Error::Config(_) | Error::Engine(_) | Error::Io { .. } => "internal error".to_string(),
+        Error::Config(_) | Error::Engine(_) | Error::Store { .. } | Error::Io { .. } => {
+            "internal error".to_string()
+        }
         Error::SandboxFailed { id, .. } => format!("sandbox {id} has failed: its guest stopped"),
         Error::Guest(_) | Error::Wire(_) => "the sandbox's guest could not be reached".to_string(),
         _ => return None,

@@ -56,6 +56,12 @@ pub struct Config {
     /// Bound on a golden's warmup command.
     #[serde(default = "warmup_timeout")]
     pub warmup_timeout_seconds: u64,
+    /// What SIGTERM does to claimed sandboxes (warm pool guests are always destroyed).
+    #[serde(default)]
+    pub on_stop: OnStop,
+    /// Bound on a graceful stop; past it (or on a second SIGTERM) the binary exits at once.
+    #[serde(default = "stop_timeout")]
+    pub stop_timeout_seconds: u64,
     /// Tenants and their tokens.
     #[serde(default)]
     pub tenants: Vec<TenantConfig>,
@@ -101,6 +107,18 @@ impl EngineKind {
             EngineKind::Qemu => "qemu",
         }
     }
+}
+
+/// What a graceful stop does to claimed sandboxes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnStop {
+    /// They keep running, and the next start on this `data_dir` re-adopts them (an
+    /// upgrade or restart loses no user's work).
+    #[default]
+    Keep,
+    /// They are destroyed with the daemon, and their records deleted.
+    Destroy,
 }
 
 /// One `[[tenants]]` entry.
@@ -191,6 +209,9 @@ fn boot_timeout() -> u64 {
 }
 fn warmup_timeout() -> u64 {
     120
+}
+fn stop_timeout() -> u64 {
+    30
 }
 fn max_pids() -> u64 {
     512

@@ -39,7 +39,7 @@ enum Version {
 }
 
 /// One sandbox's groups (one directory per v1 controller, or one v2 directory).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Cgroup {
     dirs: Vec<PathBuf>,
     /// The cgroup2 directory among `dirs`, if the host has a cgroup2 hierarchy.
@@ -152,6 +152,25 @@ impl Cgroups {
         Ok((group, procs))
     }
 
+    /// The group of sandbox `id` found again after a restart: `dirs` must be exactly
+    /// the directories [`Cgroups::create`] makes for `id` under this daemon's parents and
+    /// exist, or it is not provably ours and `None` is returned.
+    pub fn reopen(&self, id: &str, dirs: &[PathBuf]) -> Option<Cgroup> {
+        let mut expected: Vec<PathBuf> = Vec::new();
+        let mut v2 = None;
+        for (_, parent, version) in &self.places {
+            let dir = parent.join(id);
+            if !expected.contains(&dir) {
+                if *version == Version::V2 {
+                    v2 = Some(dir.clone());
+                }
+                expected.push(dir);
+            }
+        }
+        let same = expected.len() == dirs.len() && expected.iter().all(|d| dirs.contains(d));
+        (same && expected.iter().all(|d| d.is_dir())).then_some(Cgroup { dirs: expected, v2 })
+    }
+
     /// Removes this daemon's (empty) parent groups.
     pub fn remove_parents(&self) {
         for (_, parent, _) in &self.places {
@@ -162,12 +181,19 @@ impl Cgroups {
 
     /// Kills and removes groups left by an earlier run (crash, SIGKILL).
     pub fn remove_stale(&self) {
+        self.remove_stale_except(&[]);
+    }
+
+    /// Kills and removes groups left by an earlier run, but those in `keep` (the groups
+    /// of re-adopted sandboxes).
+    pub fn remove_stale_except(&self, keep: &[PathBuf]) {
         for (_, parent, _) in &self.places {
             let Ok(entries) = fs::read_dir(parent) else {
                 continue;
             };
             for entry in entries.flatten() {
-                if entry.path().is_dir() {
+                if entry.path().is_dir() && !keep.contains(&entry.path()) {
+                    tracing::warn!(cgroup = %entry.path().display(), "killing and removing a cgroup no record owns");
                     let stale = Cgroup {
                         dirs: vec![entry.path()],
                         v2: None,
@@ -218,6 +244,11 @@ impl Cgroup {
             }
         }
         Ok(Some(dir))
+    }
+
+    /// The group's directories, one per hierarchy.
+    pub fn dirs(&self) -> &[PathBuf] {
+        &self.dirs
     }
 
     /// Every directory of the groups, children (a delegate's) before their parents.

@@ -80,6 +80,27 @@ impl Identities {
             retry_after: 1,
         })
     }
+
+    /// Re-reserves the uid a re-adopted guest runs under; an error when it is outside the
+    /// range or taken (the record is then not trusted).
+    pub fn reserve(self: &Arc<Self>, uid: u32) -> Result<Identity> {
+        if !self.switching || !(self.base..self.base + self.count).contains(&uid) {
+            return Err(Error::Engine(format!(
+                "uid {uid} is not one of the {} guest uids from {}",
+                self.count, self.base
+            )));
+        }
+        if !self.state.lock().expect("identities lock").used.insert(uid) {
+            return Err(Error::Engine(format!(
+                "uid {uid} is in use by another guest"
+            )));
+        }
+        Ok(Identity {
+            uid,
+            gid: uid,
+            from: Some(self.clone()),
+        })
+    }
 }
 
 impl Identity {
@@ -139,5 +160,11 @@ mod tests {
         // Round robin: after the last given (freed), the next in line.
         let d = ids.take().unwrap();
         assert_ne!(d.uid(), freed);
+        // A re-adopted guest's uid is held again; twice, or outside the range, is refused.
+        drop(d);
+        let kept = ids.reserve(1_000_001).unwrap();
+        assert!(ids.reserve(1_000_001).is_err());
+        assert!(ids.reserve(999).is_err());
+        assert!((0..2).all(|_| ids.take().map(|i| i.uid() != kept.uid()).unwrap_or(true)));
     }
 }

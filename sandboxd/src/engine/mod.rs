@@ -11,17 +11,23 @@
 //!   and its [`Fate`]: every guest has a supervisor task that owns its process and
 //!   records, once, how it ended.
 //!
+//! Restarts: a guest that can outlive sandboxd gives a [`GuestHandle`] (stored with its
+//! claim); on start the engine `adopt`s each recorded handle whose guest is provably the
+//! same one still running, then `sweep`s everything of its own that no kept handle owns.
+//!
 //! Engines: `process` (bubblewrap + cgroups) and `qemu` (`boot_golden` boots with a shared
 //! memory file, `seal_golden` saves it with `x-ignore-shared`, `start` restores a clone
 //! and reseeds it, `dial` opens a yamux stream over the virtio-serial port).
 
 pub mod cgroup;
 pub mod fate;
+pub mod handle;
 pub mod identity;
 pub mod process;
 pub mod qemu;
 
 pub use self::fate::{Ending, Fate};
+pub use self::handle::GuestHandle;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -77,6 +83,14 @@ pub trait Guest: Send + Sync + 'static {
     fn origin(&self) -> &'static str {
         "cold"
     }
+    /// What finds this guest again after a restart; `None` when it cannot outlive
+    /// sandboxd (the engine does not re-adopt, or it has not finished starting).
+    fn handle(&self) -> Option<GuestHandle> {
+        None
+    }
+    /// sandboxd is stopping and leaves this guest running for the next start: nothing may
+    /// kill it when its last reference goes.
+    fn leave_running(&self) {}
 }
 
 /// A guest-making backend.
@@ -97,8 +111,23 @@ pub trait Engine: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<()>>;
     /// Starts a guest for `spec`, from its golden when sealed, else cold.
     fn start<'a>(&'a self, spec: &'a GuestSpec) -> BoxFuture<'a, Result<Arc<dyn Guest>>>;
-    /// Frees node-wide resources once every guest is destroyed (daemon shutdown).
-    fn shutdown(&self) {}
+    /// Re-opens a guest an earlier sandboxd started, from its record: an error when it
+    /// is gone, or when anything in the record is not provably this engine's.
+    fn adopt<'a>(&'a self, handle: &'a GuestHandle) -> BoxFuture<'a, Result<Arc<dyn Guest>>> {
+        Box::pin(async move {
+            Err(crate::error::Error::Engine(format!(
+                "the {} engine cannot re-adopt guest {}",
+                self.info().name,
+                handle.guest_id
+            )))
+        })
+    }
+    /// Destroys every guest, socket, cgroup and file of this engine's that none of `keep`
+    /// owns (what an earlier run left). Called once at start, after adoption.
+    fn sweep(&self, _keep: &[GuestHandle]) {}
+    /// Frees node-wide resources once every guest is destroyed or left running (daemon
+    /// shutdown); `kept` guests are still running and keep theirs.
+    fn shutdown(&self, _kept: bool) {}
 }
 
 /// The last `max` bytes of a log file, trimmed, lossily decoded, newlines shown as ` | `:

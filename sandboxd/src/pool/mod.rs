@@ -1,6 +1,6 @@
 //! Warm pools, engine-neutral. A pool per (template, size) keeps `warm` idle guests; its
 //! worker (`refill.rs`) builds the golden (`golden.rs`) and refills. Targets come from the
-//! config and `PUT /v1/pools` and persist in `data_dir/pools.json` (`targets.rs`). Pools
+//! config and `PUT /v1/pools` and persist in the state database (`targets.rs`). Pools
 //! are found by key, one map lookup.
 
 mod golden;
@@ -22,6 +22,7 @@ use crate::engine::{Engine, Guest, GuestSpec};
 use crate::error::{Error, Result};
 use crate::guest;
 use crate::metrics::{Metrics, PoolLabel};
+use crate::store::Store;
 
 /// A pool's identity.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -76,6 +77,7 @@ pub struct Pools {
     workers: Mutex<Vec<JoinHandle<()>>>,
     warnings: Vec<String>,
     config_hash: String,
+    store: Arc<Store>,
 }
 
 /// How long shutdown waits for a pool worker before aborting it.
@@ -88,11 +90,12 @@ impl Pools {
         config: Arc<Config>,
         engine: Arc<dyn Engine>,
         metrics: Arc<Metrics>,
+        store: Arc<Store>,
         shutdown: CancellationToken,
     ) -> Result<Arc<Pools>> {
         std::fs::create_dir_all(config.data_dir.join("goldens"))
             .map_err(Error::io("creating goldens dir"))?;
-        let loaded = targets::load(&config)?;
+        let loaded = targets::load(&config, &store)?;
         let configured = config
             .pools
             .iter()
@@ -108,6 +111,7 @@ impl Pools {
             engine,
             metrics,
             config_hash: targets::config_hash(&config),
+            store,
             config: config.clone(),
             configured,
             pools: Mutex::new(BTreeMap::new()),
@@ -181,7 +185,7 @@ impl Pools {
     }
 
     fn save(&self) -> Result<()> {
-        targets::save(&self.config, &self.config_hash, self.targets())
+        targets::save(&self.store, &self.config_hash, self.targets())
     }
 
     /// The current targets of pools with a non-zero target.

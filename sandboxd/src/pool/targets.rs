@@ -1,6 +1,7 @@
 //! Warm targets and where they persist: the config file's `[[pools]]` merged with what
-//! `PUT /v1/pools` saved in `data_dir/pools.json` (the config wins when its own pool list
-//! changed since), and the atomic writes that save them.
+//! `PUT /v1/pools` saved in the state database (`store.rs`; the config wins when its own
+//! pool list changed since), the one-time import of an older `data_dir/pools.json`, and
+//! the atomic file writes golden stamps use.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -11,11 +12,12 @@ use sha2::{Digest, Sha256};
 use super::PoolKey;
 use crate::config::Config;
 use crate::error::{Error, Result};
+use crate::store::{SavedTargets, Store};
 
-/// What `pools.json` holds.
+/// What `pools.json` held (before the state database), read once to import it.
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct SavedTargets {
+struct SavedFile {
     config_hash: String,
     pools: Vec<api::PoolTarget>,
 }
@@ -26,13 +28,40 @@ pub(super) struct Loaded {
     pub targets: BTreeMap<PoolKey, api::PoolTarget>,
     /// Node-level warnings for `/v1/info`.
     pub warnings: Vec<String>,
-    /// True when `pools.json` must be rewritten (discarded or unreadable).
+    /// True when the saved targets must be rewritten (discarded).
     pub rewrite: bool,
 }
 
-/// The file under `data_dir`.
-pub(super) fn path(config: &Config) -> PathBuf {
+/// The file an older sandboxd kept the targets in.
+fn legacy_path(config: &Config) -> PathBuf {
     config.data_dir.join("pools.json")
+}
+
+/// Imports `pools.json` into the database once (the database then owns the targets and
+/// the file is removed). A file that does not decode is left, with a warning.
+fn import_legacy(config: &Config, store: &Store, warnings: &mut Vec<String>) -> Result<()> {
+    let path = legacy_path(config);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io(format!("reading {}", path.display()))(e)),
+    };
+    match serde_json::from_slice::<SavedFile>(&bytes) {
+        Ok(saved) => {
+            if store.pool_targets()?.is_none() {
+                store.save_pool_targets(&saved.config_hash, &saved.pools)?;
+                tracing::info!("imported {} into the state database", path.display());
+            }
+            std::fs::remove_file(&path)
+                .map_err(Error::io(format!("removing {}", path.display())))?;
+        }
+        Err(e) => {
+            let w = format!("ignoring unreadable {}: {e}", path.display());
+            tracing::warn!("{w}");
+            warnings.push(w);
+        }
+    }
+    Ok(())
 }
 
 /// The hash of the config file's own pool list, leaving out config-owned fields.
@@ -44,7 +73,7 @@ pub(super) fn config_hash(config: &Config) -> String {
 
 /// The config's targets, replaced by the saved ones when the config's pool list is the
 /// one they were saved against.
-pub(super) fn load(config: &Config) -> Result<Loaded> {
+pub(super) fn load(config: &Config, store: &Store) -> Result<Loaded> {
     let mut targets: BTreeMap<PoolKey, api::PoolTarget> = config
         .pool_targets()
         .into_iter()
@@ -55,51 +84,38 @@ pub(super) fn load(config: &Config) -> Result<Loaded> {
         warnings: Vec::new(),
         rewrite: false,
     };
-    let saved_path = path(config);
-    match std::fs::read(&saved_path) {
-        Ok(bytes) => match serde_json::from_slice::<SavedTargets>(&bytes) {
-            Ok(saved) if saved.config_hash == config_hash(config) => {
-                // Pools the saved list left out were drained; keep them at zero.
-                for t in targets.values_mut() {
-                    t.warm = 0;
+    import_legacy(config, store, &mut loaded.warnings)?;
+    match store.pool_targets()? {
+        Some(SavedTargets {
+            config_hash: h,
+            pools,
+        }) if h == config_hash(config) => {
+            // Pools the saved list left out were drained; keep them at zero.
+            for t in targets.values_mut() {
+                t.warm = 0;
+            }
+            for s in pools {
+                if config.check_pool_key(&s.template, &s.size).is_ok() {
+                    targets.insert(PoolKey::of(&s), s);
                 }
-                for s in saved.pools {
-                    if config.check_pool_key(&s.template, &s.size).is_ok() {
-                        targets.insert(PoolKey::of(&s), s);
-                    }
-                }
             }
-            Ok(_) => {
-                let w = "the config file's pool list changed since the last PUT /v1/pools; \
-                         the config file wins and the saved targets were discarded";
-                tracing::warn!("{w}");
-                loaded.warnings.push(w.to_string());
-                loaded.rewrite = true;
-            }
-            Err(e) => {
-                let w = format!("ignoring unreadable {}: {e}", saved_path.display());
-                tracing::warn!("{w}");
-                loaded.warnings.push(w);
-                loaded.rewrite = true;
-            }
-        },
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(Error::io(format!("reading {}", saved_path.display()))(e)),
+        }
+        Some(_) => {
+            let w = "the config file's pool list changed since the last PUT /v1/pools; \
+                     the config file wins and the saved targets were discarded";
+            tracing::warn!("{w}");
+            loaded.warnings.push(w.to_string());
+            loaded.rewrite = true;
+        }
+        None => {}
     }
     loaded.targets = targets;
     Ok(loaded)
 }
 
-/// Saves the targets in effect against the config's pool list.
-pub(super) fn save(config: &Config, config_hash: &str, pools: Vec<api::PoolTarget>) -> Result<()> {
-    let saved = SavedTargets {
-        config_hash: config_hash.to_string(),
-        pools,
-    };
-    write_atomic(
-        &path(config),
-        &serde_json::to_vec_pretty(&saved).unwrap_or_default(),
-    )
+/// Saves the targets in effect against the config's pool list (committed on return).
+pub(super) fn save(store: &Store, config_hash: &str, pools: Vec<api::PoolTarget>) -> Result<()> {
+    store.save_pool_targets(config_hash, &pools)
 }
 
 /// Writes a file through a temporary sibling and a rename, so readers never see half.

@@ -1,6 +1,8 @@
 //! One process-engine sandbox: bwrap's process tree, owned by a supervisor task that
-//! records its end in the guest's [`Fate`]; its cgroup and directory; `dial` (a Unix
-//! socket), and the teardown that kills the namespace and removes everything.
+//! records its end in the guest's [`Fate`] (waiting for bwrap as our child, or through a
+//! pidfd once a later sandboxd re-adopted it); its cgroup and directory; `dial` (a Unix
+//! socket), and the teardown that kills the namespace and removes everything. Processes
+//! are signalled through pidfds only, so a reused pid is never hit.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -8,14 +10,13 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
 use tokio::net::UnixStream;
 use tokio::process::Child;
 use tokio::sync::watch;
 
 use crate::engine::cgroup::Cgroup;
-use crate::engine::{log_tail, Fate, Guest, GuestStream};
+use crate::engine::handle::PidFd;
+use crate::engine::{log_tail, Fate, Guest, GuestHandle, GuestStream};
 use crate::error::{Error, Result};
 
 /// One sandbox: bwrap's process tree, its cgroup and its directory.
@@ -24,8 +25,12 @@ pub(super) struct ProcessGuest {
     pub(super) dir: PathBuf,
     pub(super) socket: PathBuf,
     pub(super) cgroup: Mutex<Option<Cgroup>>,
-    /// (bwrap pid, pid-namespace init pid), as far as known.
-    pub(super) pids: Mutex<(Option<i32>, Option<i32>)>,
+    /// (bwrap, pid-namespace init), as far as known.
+    pub(super) pids: Mutex<(Option<PidFd>, Option<PidFd>)>,
+    /// What a later sandboxd finds it by, once it has started.
+    pub(super) handle: Mutex<Option<GuestHandle>>,
+    /// Set when sandboxd stops and leaves it running: dropping it then kills nothing.
+    pub(super) kept: AtomicBool,
     pub(super) fate: Fate,
     /// True once the supervisor reaped bwrap.
     pub(super) exited: watch::Receiver<bool>,
@@ -43,15 +48,38 @@ impl ProcessGuest {
     pub(super) fn supervise(&self, mut child: Child, exited: watch::Sender<bool>) {
         self.supervised.store(true, Ordering::SeqCst);
         let (fate, id, dir) = (self.fate.clone(), self.id.clone(), self.dir.clone());
+        let rest = self.cgroup.lock().expect("cgroup lock").clone();
         tokio::spawn(async move {
             let status = match child.wait().await {
                 Ok(s) => s.to_string(),
                 Err(e) => format!("waiting for bwrap: {e}"),
             };
+            kill_rest(rest);
             let tail = log_tail(&dir.join("log"), 600);
             fate.fail(format!(
                 "sandbox {id} exited on its own (silkd or its namespace init died; \
                  bwrap {status}); log: [{tail}]"
+            ));
+            let _ = exited.send(true);
+        });
+    }
+
+    /// Watches bwrap of a re-adopted sandbox (not our child: init reaps it) through its
+    /// pidfd; its exit is the guest's failure, as for [`ProcessGuest::supervise`].
+    pub(super) fn supervise_pidfd(&self, bwrap: PidFd, exited: watch::Sender<bool>) {
+        self.supervised.store(true, Ordering::SeqCst);
+        let (fate, id, dir) = (self.fate.clone(), self.id.clone(), self.dir.clone());
+        let rest = self.cgroup.lock().expect("cgroup lock").clone();
+        tokio::spawn(async move {
+            let how = match bwrap.exited().await {
+                Ok(()) => "bwrap exited".to_string(),
+                Err(e) => format!("watching bwrap: {e}"),
+            };
+            kill_rest(rest);
+            let tail = log_tail(&dir.join("log"), 600);
+            fate.fail(format!(
+                "sandbox {id} exited on its own (silkd or its namespace init died; {how}); \
+                 log: [{tail}]"
             ));
             let _ = exited.send(true);
         });
@@ -87,9 +115,9 @@ impl ProcessGuest {
     /// SIGKILLs the namespace init (the kernel then kills every process in the pid
     /// namespace), bwrap itself, and anything left in the cgroup.
     fn kill_now(&self) {
-        let (bwrap, init) = *self.pids.lock().expect("pids lock");
-        for pid in [init, bwrap].into_iter().flatten() {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        let pids = self.pids.lock().expect("pids lock");
+        for p in [&pids.1, &pids.0].into_iter().flatten() {
+            p.kill();
         }
         if let Some(cg) = self.cgroup.lock().expect("cgroup lock").as_ref() {
             cg.kill_all();
@@ -104,9 +132,8 @@ impl ProcessGuest {
         // The namespace init first: its death takes the whole pid namespace, and bwrap,
         // its parent, then reaps it and exits by itself. Killing bwrap first would orphan
         // the init to the host's pid 1, which may never reap it.
-        let init = self.pids.lock().expect("pids lock").1;
-        if let Some(pid) = init {
-            let _ = kill(Pid::from_raw(pid), Signal::SIGKILL);
+        if let Some(init) = &self.pids.lock().expect("pids lock").1 {
+            init.kill();
         }
         if self.supervised.load(Ordering::SeqCst) {
             let mut exited = self.exited.clone();
@@ -130,6 +157,14 @@ impl ProcessGuest {
             }
         })
         .await;
+    }
+}
+
+/// Once bwrap is gone the sandbox is dead: whatever it leaves in its cgroup (bwrap no
+/// longer dies with sandboxd, so neither does its tree with bwrap) is killed at once.
+fn kill_rest(cgroup: Option<Cgroup>) {
+    if let Some(cg) = cgroup {
+        cg.kill_all();
     }
 }
 
@@ -157,12 +192,20 @@ impl Guest for ProcessGuest {
     fn fate(&self) -> &Fate {
         &self.fate
     }
+
+    fn handle(&self) -> Option<GuestHandle> {
+        self.handle.lock().expect("handle lock").clone()
+    }
+
+    fn leave_running(&self) {
+        self.kept.store(true, Ordering::SeqCst);
+    }
 }
 
 impl Drop for ProcessGuest {
     fn drop(&mut self) {
         // Safety net for paths that forget `destroy`: never leave processes behind.
-        if !self.destroyed.load(Ordering::SeqCst) {
+        if !self.destroyed.load(Ordering::SeqCst) && !self.kept.load(Ordering::SeqCst) {
             tracing::warn!(id = %self.id, "sandbox dropped without destroy; killing it");
             self.kill_now();
             if let Some(cg) = self.cgroup.lock().expect("cgroup lock").take() {

@@ -143,7 +143,9 @@ impl Plan {
         };
 
         let mut a = Args::default();
-        a.push(["--die-with-parent", "--new-session", "--unshare-all"]);
+        // No `--die-with-parent`: sandboxes outlive sandboxd (a restart re-adopts them);
+        // cleanup goes through the sandbox's cgroup and recorded pids instead.
+        a.push(["--new-session", "--unshare-all"]);
         // Who silkd (and so every command) is inside: the template's user, else root.
         let (uid, gid) = inp.meta.user.as_ref().map_or((0, 0), |u| (u.uid, u.gid));
         if inp.identity.is_some() {

@@ -23,6 +23,7 @@ use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 use tokio::sync::watch;
 
+mod adopt;
 mod guest;
 mod jail;
 pub mod seccomp;
@@ -33,8 +34,9 @@ use self::jail::{Inputs, Plan, INFO_FD, SECCOMP_FDS, SOCK_NAME, STAGE_MOUNT};
 use self::seccomp::Filters;
 use self::silkd_files::SilkdFiles;
 use super::cgroup::Cgroups;
+use super::handle::PidFd;
 use super::identity::Identities;
-use super::{Engine, Fate, Guest, GuestSpec};
+use super::{Engine, Fate, Guest, GuestHandle, GuestSpec};
 use crate::config::ProcessConfig;
 use crate::error::{Error, Result};
 
@@ -58,8 +60,8 @@ pub struct ProcessEngine {
 
 impl ProcessEngine {
     /// Sets up the engine: checks the binaries, compiles the seccomp filter, probes cgroups
-    /// (every limit must apply unless `allow_missing_cgroups`), and clears what an earlier
-    /// run may have left (sandbox directories, cgroups with processes in them).
+    /// (every limit must apply unless `allow_missing_cgroups`). What an earlier run left
+    /// is re-adopted or swept later ([`Engine::adopt`], [`Engine::sweep`]).
     pub fn new(
         config: &ProcessConfig,
         silkd: PathBuf,
@@ -101,11 +103,7 @@ impl ProcessEngine {
                 cgroups.warnings().join("; ")
             )));
         }
-        cgroups.remove_stale();
-        if sandboxes_dir.exists() {
-            std::fs::remove_dir_all(&sandboxes_dir)
-                .map_err(Error::io(format!("clearing {}", sandboxes_dir.display())))?;
-        }
+        // What an earlier run left is swept after re-adoption (`sweep`), not here.
         std::fs::create_dir_all(&sandboxes_dir)
             .map_err(Error::io(format!("creating {}", sandboxes_dir.display())))?;
         std::fs::set_permissions(&sandboxes_dir, std::fs::Permissions::from_mode(0o700))
@@ -165,6 +163,8 @@ impl ProcessEngine {
             dir: dir.clone(),
             cgroup: Mutex::new(None),
             pids: Mutex::new((None, None)),
+            handle: Mutex::new(None),
+            kept: AtomicBool::new(false),
             fate: Fate::new(),
             exited,
             supervised: AtomicBool::new(false),
@@ -235,6 +235,11 @@ impl ProcessEngine {
         // allocates.
         unsafe {
             cmd.pre_exec(move || {
+                // A session of its own: the sandbox outlives sandboxd (a restart re-adopts
+                // it), so nothing aimed at sandboxd's session or group may reach it.
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 // Join the sandbox's cgroups before bwrap forks, so every process it
                 // creates is inside from its first instruction.
                 for fd in &procs_fds {
@@ -257,23 +262,56 @@ impl ProcessEngine {
                 Ok(())
             });
         }
+        // Not killed with its handle: a sandbox left running on stop outlives it; every
+        // other path destroys the guest (or its Drop kills it).
         let child = Command::from(cmd)
-            .kill_on_drop(true)
+            .kill_on_drop(false)
             .spawn()
             .map_err(|e| Error::Engine(format!("spawning {}: {e}", self.bwrap.display())))?;
         drop(info_write);
         drop(seccomp_fds);
         drop(procs);
-        guest.pids.lock().expect("pids lock").0 = child.id().map(|p| p as i32);
+        // Our unreaped child: its pid cannot be reused before the supervisor waits for it.
+        let bwrap = child.id().map(|p| PidFd::own(p as i32));
         guest.supervise(child, exited_tx);
-
+        let bwrap = match bwrap {
+            Some(Ok(b)) => b,
+            Some(Err(e)) => return Err(guest.failed(format!("bwrap pidfd: {e}")).await),
+            None => return Err(guest.failed("bwrap exited at once".into()).await),
+        };
+        let bwrap_pid = bwrap.0.pid();
+        guest.pids.lock().expect("pids lock").0 = Some(bwrap.0);
         let ns_init = tokio::time::timeout(INFO_FD_TIMEOUT, read_child_pid(info_read)).await;
-        match ns_init {
-            Ok(Ok(pid)) => guest.pids.lock().expect("pids lock").1 = Some(pid),
+        let init = match ns_init {
+            // bwrap's child, and bwrap is alive and ours: the pid is the init's.
+            Ok(Ok(pid)) => PidFd::own(pid),
             Ok(Err(e)) => return Err(guest.failed(format!("bwrap info: {e}")).await),
             Err(_) => return Err(guest.failed("bwrap did not report its child".into()).await),
-        }
+        };
+        let init = match init {
+            Ok(i) => i,
+            Err(e) => return Err(guest.failed(format!("namespace init: {e}")).await),
+        };
+        let init_rec = (init.0.pid(), init.1);
+        guest.pids.lock().expect("pids lock").1 = Some(init.0);
         guest.wait_socket(self.boot_timeout).await?;
+        let cgroups = guest
+            .cgroup
+            .lock()
+            .expect("cgroup lock")
+            .as_ref()
+            .map(|c| c.dirs().to_vec())
+            .unwrap_or_default();
+        *guest.handle.lock().expect("handle lock") = Some(GuestHandle {
+            engine: "process".into(),
+            guest_id: id,
+            run_dir: dir,
+            pid: bwrap_pid,
+            start_time: bwrap.1,
+            init: Some(init_rec),
+            uid: ids.map(|(uid, _)| uid),
+            cgroups,
+        });
         Ok(Arc::new(guest))
     }
 }
@@ -345,8 +383,30 @@ impl Engine for ProcessEngine {
         Box::pin(self.launch(spec))
     }
 
-    fn shutdown(&self) {
-        self.cgroups.remove_parents();
+    fn adopt<'a>(&'a self, handle: &'a GuestHandle) -> BoxFuture<'a, Result<Arc<dyn Guest>>> {
+        Box::pin(async move { self.adopt_guest(handle).map(|g| g as Arc<dyn Guest>) })
+    }
+
+    fn sweep(&self, keep: &[GuestHandle]) {
+        let cgroups: Vec<PathBuf> = keep.iter().flat_map(|h| h.cgroups.clone()).collect();
+        self.cgroups.remove_stale_except(&cgroups);
+        let Ok(entries) = std::fs::read_dir(&self.sandboxes_dir) else {
+            return;
+        };
+        for e in entries.flatten() {
+            if !keep.iter().any(|h| h.run_dir == e.path()) {
+                tracing::warn!(dir = %e.path().display(), "removing a sandbox dir no record owns");
+                if let Err(err) = std::fs::remove_dir_all(e.path()) {
+                    tracing::warn!(dir = %e.path().display(), "cannot remove: {err}");
+                }
+            }
+        }
+    }
+
+    fn shutdown(&self, kept: bool) {
+        if !kept {
+            self.cgroups.remove_parents();
+        }
     }
 }
 

@@ -633,8 +633,8 @@ impl Engine for QemuEngine {
         })
     }
 
-    fn shutdown(&self) {
-        // Every guest was destroyed already; this sweeps anything that escaped (a golden
+    fn shutdown(&self, _kept: bool) {
+        // QEMU guests are never kept (no re-adoption yet). Every guest was destroyed already; this sweeps anything that escaped (a golden
         // mid-build), so no QEMU outlives the daemon.
         self.goldens.lock().expect("goldens lock").clear();
         clean_leftovers(&self.run_root);
