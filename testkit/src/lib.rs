@@ -18,6 +18,9 @@
 //! - [`daemon`]: a real sandboxd, in-process ([`Daemon`]) or as the binary
 //!   ([`DaemonProcess`]), and its HTTP API ([`Api`]).
 //! - [`silkd`]: a real silkd on a Unix socket and a frame client for it.
+//! - [`restart`]: the restart tests' view of a daemon's state database (records, engine
+//!   handles, tampering as an attacker or a crash would), processes by start time, and a
+//!   relayed `Info`.
 //! - [`sdk`]: the SDK tests' daemon and what runs in a sandbox, asked through the SDK.
 //! - [`vm`]: what the VM tests need from the host (QEMU, the guest image).
 //! - [`leftovers`]: counting a process-engine daemon's processes, sandbox dirs, sockets
@@ -36,6 +39,7 @@ pub mod images;
 pub mod leftovers;
 pub mod procs;
 pub mod relay;
+pub mod restart;
 pub mod sdk;
 pub mod setup;
 pub mod silkd;
