@@ -220,6 +220,6 @@ async fn bench() -> Result<(), BoxError> {
         }
         g.destroy().await;
     }
-    engine.shutdown();
+    engine.shutdown(false);
     Ok(())
 }

@@ -196,7 +196,7 @@ async fn bench() -> Result<(), BoxError> {
     for g in idle {
         g.destroy().await;
     }
-    engine.shutdown();
+    engine.shutdown(false);
 
     eprintln!("bench_vm: warm claims through a real sandboxd");
     let warm = warm_claims(&image, tmp.path()).await?;

@@ -22,6 +22,9 @@ pub enum Bench {
     /// The process engine's exec round trip with and without its seccomp filter and
     /// per-sandbox identity (as root); builds the guest image first.
     Isolation,
+    /// Re-adoption of 50 claimed process-engine sandboxes after `kill -9` and restart,
+    /// against a restart with none (as root); builds the guest image first.
+    Restart,
     /// Any name that is not a known benchmark.
     #[command(external_subcommand)]
     Unknown(Vec<String>),
@@ -49,7 +52,7 @@ pub fn run(which: Bench) -> Result<()> {
             image::run(&image::Args::default())?;
             run_example("bench exec-memory", "bench_exec_memory")
         }
-        Bench::Isolation => {
+        Bench::Isolation | Bench::Restart => {
             image::run(&image::Args::default())?;
             tool::stream(
                 "build",
@@ -65,7 +68,10 @@ pub fn run(which: Bench) -> Result<()> {
                     ])
                     .current_dir(&root),
             )?;
-            run_example("bench isolation", "bench_isolation")
+            match which {
+                Bench::Restart => run_example("bench restart", "bench_restart"),
+                _ => run_example("bench isolation", "bench_isolation"),
+            }
         }
         Bench::Vm => {
             image::run(&image::Args::default())?;
@@ -121,12 +127,19 @@ mod tests {
     fn names_are_the_documented_ones_and_others_are_refused() {
         assert_eq!(
             known(),
-            ["exec", "exec-memory", "vm", "templates", "isolation"]
+            [
+                "exec",
+                "exec-memory",
+                "vm",
+                "templates",
+                "isolation",
+                "restart"
+            ]
         );
         let err = run(Bench::Unknown(vec!["nope".into()])).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown benchmark `nope`; known benchmarks: exec, exec-memory, vm, templates, isolation"
+            "unknown benchmark `nope`; known benchmarks: exec, exec-memory, vm, templates, isolation, restart"
         );
     }
 }
