@@ -19,7 +19,8 @@ pub enum Error {
     /// 401: the token is missing or unknown to the node.
     #[error("unauthorized: missing or unknown token")]
     Unauthorized,
-    /// 403: the token is valid but may not call this route (a tenant on a root-only route).
+    /// 403: the token is valid but may not call this route (a tenant on a root-only route),
+    /// or the sandbox's user may not touch that path (silkd `permission_denied`).
     #[error("forbidden: {0}")]
     Forbidden(String),
     /// 404: no such sandbox (or not yours: a wrong sandbox token answers like an unknown id),
@@ -36,6 +37,9 @@ pub enum Error {
         /// The `Retry-After` the server sent, when it sent one.
         retry_after: Option<Duration>,
     },
+    /// 507 (or silkd `no_space`): the sandbox's disk is full; nothing was written.
+    #[error("no space: {0}")]
+    NoSpace(String),
     /// 413: the command wrote more than the node's per-exec output cap; it was killed.
     #[error("output too large: the command wrote more than the node's output cap")]
     OutputTooLarge,
@@ -118,6 +122,7 @@ impl Error {
                 retry_after: retry_after(headers),
             },
             StatusCode::GATEWAY_TIMEOUT => Error::Timeout,
+            StatusCode::INSUFFICIENT_STORAGE => Error::NoSpace(message),
             _ => Error::Unexpected {
                 status: status.as_u16(),
                 message,
@@ -130,6 +135,8 @@ impl Error {
         match kind {
             wire::ErrorKind::BadRequest => Error::BadRequest(message),
             wire::ErrorKind::NotFound => Error::NotFound,
+            wire::ErrorKind::PermissionDenied => Error::Forbidden(message),
+            wire::ErrorKind::NoSpace => Error::NoSpace(message),
             wire::ErrorKind::ResourceExhausted => Error::Busy { retry_after: None },
             wire::ErrorKind::Unimplemented | wire::ErrorKind::Internal => {
                 Error::Guest(format!("{}: {message}", kind.as_str()))
@@ -185,6 +192,7 @@ mod tests {
         );
         assert!(matches!(status(503, ""), Error::Busy { retry_after: None }));
         assert!(matches!(status(504, ""), Error::Timeout));
+        assert!(matches!(status(507, r#"{"error":"full"}"#), Error::NoSpace(m) if m == "full"));
         assert!(
             matches!(status(500, "boom"), Error::Unexpected { status: 500, message } if message == "boom")
         );

@@ -60,8 +60,10 @@ where
     }
 }
 
-type Reader<S> = FramedRead<tokio::io::ReadHalf<S>, GuestCodec>;
-type Out = mpsc::Sender<Response>;
+/// The read half of a connection, framed.
+pub(crate) type Reader<S> = FramedRead<tokio::io::ReadHalf<S>, GuestCodec>;
+/// The queue to a connection's writer task.
+pub(crate) type Out = mpsc::Sender<Response>;
 
 /// Returns `Ok` when the peer leaves cleanly, `Err` for a fault to answer before closing.
 async fn rpc_loop<S: AsyncRead>(
@@ -110,6 +112,16 @@ async fn rpc_loop<S: AsyncRead>(
                     "stdin frame outside an exec with stdin: true".into(),
                 ))
             }
+            Request::Data { .. } | Request::DataEnd => {
+                return Err(Error::BadRequest(
+                    "data frame outside a file write or unpack".into(),
+                ))
+            }
+            file => match crate::files::serve(file, reader, tx).await? {
+                crate::files::Flow::Answer(answer) => answer,
+                crate::files::Flow::Answered => continue,
+                crate::files::Flow::PeerGone => return Ok(()),
+            },
         };
         if tx.send(answer).await.is_err() {
             return Ok(());
@@ -229,7 +241,7 @@ async fn exec<S: AsyncRead>(
     }))
 }
 
-fn verb(r: &Request) -> &'static str {
+pub(crate) fn verb(r: &Request) -> &'static str {
     match r {
         Request::Exec { .. } => "exec",
         Request::Stdin { .. } => "stdin",
@@ -237,6 +249,18 @@ fn verb(r: &Request) -> &'static str {
         Request::Kill { .. } => "kill",
         Request::Ps => "ps",
         Request::Info => "info",
+        Request::FileRead(_) => "file_read",
+        Request::FileWrite(_) => "file_write",
+        Request::Data { .. } => "data",
+        Request::DataEnd => "data_end",
+        Request::Stat(_) => "stat",
+        Request::List(_) => "list",
+        Request::Mkdir(_) => "mkdir",
+        Request::Remove(_) => "remove",
+        Request::Rename(_) => "rename",
+        Request::TarOut(_) => "tar_out",
+        Request::TarIn(_) => "tar_in",
+        Request::Watch(_) => "watch",
     }
 }
 

@@ -35,6 +35,18 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A file verb's OS call failed; the errno decides the kind (`files/`).
+    #[error("{context}: {source}")]
+    Fs {
+        /// What we were doing, with the path.
+        context: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A file write or archive unpack ended without its `data_end`: nothing was committed.
+    #[error("{0}")]
+    Interrupted(String),
     /// A frame could not be read or written.
     #[error(transparent)]
     Wire(#[from] wire::Error),
@@ -44,6 +56,14 @@ pub enum Error {
 }
 
 impl Error {
+    /// A file verb's failure on `path`.
+    pub fn fs(what: &str, path: &std::path::Path, source: std::io::Error) -> Self {
+        Error::Fs {
+            context: format!("{what} {}", path.display()),
+            source,
+        }
+    }
+
     /// An I/O failure with context; EAGAIN/ENOMEM/EMFILE/ENFILE become [`Error::Exhausted`].
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         let context = context.into();
@@ -61,7 +81,8 @@ impl Error {
             Error::BadRequest(_) | Error::ListenAddr(_) => ErrorKind::BadRequest,
             Error::Exhausted { .. } | Error::Full(_) => ErrorKind::ResourceExhausted,
             Error::Wire(e) if e.is_bad_input() => ErrorKind::BadRequest,
-            Error::Io { .. } | Error::Wire(_) => ErrorKind::Internal,
+            Error::Fs { source, .. } => fs_kind(source),
+            Error::Io { .. } | Error::Wire(_) | Error::Interrupted(_) => ErrorKind::Internal,
         }
     }
 
@@ -69,12 +90,12 @@ impl Error {
     /// and is cut to [`MAX_MESSAGE`] bytes (it may quote a path or an argument).
     pub fn to_response(&self) -> wire::Response {
         let mut message = match self {
-            Error::Exhausted { source, .. } | Error::Io { source, .. } => {
-                match source.raw_os_error() {
-                    Some(errno) => format!("{self} (errno {errno})"),
-                    None => self.to_string(),
-                }
-            }
+            Error::Exhausted { source, .. }
+            | Error::Io { source, .. }
+            | Error::Fs { source, .. } => match source.raw_os_error() {
+                Some(errno) => format!("{self} (errno {errno})"),
+                None => self.to_string(),
+            },
             _ => self.to_string(),
         };
         if message.len() > MAX_MESSAGE {
@@ -85,5 +106,29 @@ impl Error {
             message.truncate(end);
         }
         wire::Response::error(self.kind(), message)
+    }
+}
+
+/// The kind a file verb's errno is reported as: what the caller can act on (a missing
+/// path, a refusal, a full disk) is told apart from silkd's own failures.
+fn fs_kind(e: &std::io::Error) -> ErrorKind {
+    match e.raw_os_error() {
+        Some(libc::ENOENT | libc::ENOTDIR) => ErrorKind::NotFound,
+        Some(libc::EACCES | libc::EPERM | libc::EROFS) => ErrorKind::PermissionDenied,
+        Some(libc::ENOSPC | libc::EDQUOT | libc::EFBIG) => ErrorKind::NoSpace,
+        Some(
+            libc::EISDIR
+            | libc::EINVAL
+            | libc::ENAMETOOLONG
+            | libc::EEXIST
+            | libc::ENOTEMPTY
+            | libc::ELOOP
+            | libc::EXDEV
+            | libc::EBUSY,
+        ) => ErrorKind::BadRequest,
+        Some(libc::EAGAIN | libc::ENOMEM | libc::EMFILE | libc::ENFILE) => {
+            ErrorKind::ResourceExhausted
+        }
+        _ => ErrorKind::Internal,
     }
 }

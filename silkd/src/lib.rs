@@ -3,6 +3,8 @@
 //! # Layout
 //! - [`listen`]: where connections come from (`unix:PATH`, `vsock:PORT`, `serial:NAME`).
 //! - [`conn`]: one connection = RPCs back to back (the verb dispatch and the exec loop).
+//! - [`files`]: the file verbs (read, write, list, tar, watch...), each on a thread with
+//!   the user's file-system ids.
 //! - [`proc`]: the process table, spawning, the single reaper, kill.
 //! - [`seed`]: copying template trees into fresh writable directories at start.
 //! - [`init`]: PID-1 duties, only when silkd is the VM's init.
@@ -12,6 +14,7 @@
 
 pub mod conn;
 pub mod error;
+pub mod files;
 pub mod init;
 pub mod listen;
 pub mod proc;

@@ -21,6 +21,7 @@
 //! - [`restart`]: the restart tests' view of a daemon's state database (records, engine
 //!   handles, tampering as an attacker or a crash would), processes by start time, and a
 //!   relayed `Info`.
+//! - [`silkd_files`]: the file verbs spoken to a real silkd, random contents, hostile tars.
 //! - [`sdk`]: the SDK tests' daemon and what runs in a sandbox, asked through the SDK.
 //! - [`vm`]: what the VM tests need from the host (QEMU, the guest image).
 //! - [`leftovers`]: counting a process-engine daemon's processes, sandbox dirs, sockets
@@ -43,6 +44,7 @@ pub mod restart;
 pub mod sdk;
 pub mod setup;
 pub mod silkd;
+pub mod silkd_files;
 pub mod vm;
 pub mod vm_disk;
 pub mod wait;

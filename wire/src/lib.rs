@@ -2,6 +2,7 @@
 //!
 //! # Layout
 //! - [`msg`]: the request and response messages as serde types.
+//! - [`files`]: the file verbs' request and answer bodies (read, write, list, tar, watch).
 //! - [`codec`]: `u32` big-endian length + MessagePack, capped at [`MAX_FRAME`], as a
 //!   tokio-util `Decoder`/`Encoder` usable on any `AsyncRead + AsyncWrite`.
 //! - [`shape`]: the allocation-free walk every frame passes before it is decoded, capping
@@ -12,6 +13,7 @@
 #![deny(missing_docs)]
 
 pub mod codec;
+pub mod files;
 pub mod msg;
 pub mod session;
 pub mod shape;

@@ -5,6 +5,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::files;
+
 /// Protocol version carried in [`Response::Info`].
 pub const PROTO_VERSION: u32 = 1;
 
@@ -54,6 +56,34 @@ pub enum Request {
     Ps,
     /// Ask who is there. Answered by `Info`.
     Info,
+    /// Read a file (`files.rs`).
+    FileRead(files::FileRead),
+    /// Write a file from the `Data` frames that follow.
+    FileWrite(files::FileWrite),
+    /// Bytes for a running `FileWrite` or `TarIn`.
+    Data {
+        /// The bytes, at most [`files::DATA_CHUNK`] per frame from our own senders.
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// The end of a `FileWrite`'s or `TarIn`'s bytes: commit them.
+    DataEnd,
+    /// One path's metadata (links not followed). Answered by `Stat`.
+    Stat(files::PathArg),
+    /// A directory's entries.
+    List(files::List),
+    /// Create a directory.
+    Mkdir(files::Mkdir),
+    /// Remove a path.
+    Remove(files::Remove),
+    /// Rename a path.
+    Rename(files::Rename),
+    /// A directory as a tar archive, in `Data` frames, then `Done`.
+    TarOut(files::PathArg),
+    /// Unpack a tar archive into a directory.
+    TarIn(files::TarIn),
+    /// Watch a directory for changes.
+    Watch(files::Watch),
 }
 
 /// A response from silkd.
@@ -106,6 +136,22 @@ pub enum Response {
         /// Number of live commands.
         procs: u32,
     },
+    /// A file's metadata: the answer to `Stat`, the first answer to `FileRead` and
+    /// `Watch`, the final one to `FileWrite`.
+    Stat(files::FileEntry),
+    /// Some of a directory's entries (a `List` answer sends as many as needed, then `Done`).
+    Entries {
+        /// At most [`files::ENTRIES_PER_FRAME`] rows.
+        entries: Vec<files::FileEntry>,
+    },
+    /// Bytes of a file (`FileRead`) or archive (`TarOut`).
+    Data {
+        /// The bytes.
+        #[serde(with = "serde_bytes")]
+        data: Vec<u8>,
+    },
+    /// A change seen by a `Watch`.
+    Event(files::FsEvent),
     /// The request failed. Terminal for every verb.
     Error {
         /// What class of failure.
@@ -129,10 +175,15 @@ impl Response {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorKind {
-    /// The caller's fault: malformed frame, empty argv, missing command or cwd.
+    /// The caller's fault: malformed frame, empty argv, missing command or cwd, a bad
+    /// path or archive entry.
     BadRequest,
-    /// Unknown pid.
+    /// Unknown pid, or a path that does not exist.
     NotFound,
+    /// The user the request runs as may not do this (EACCES, EPERM, EROFS).
+    PermissionDenied,
+    /// The sandbox's disk is full (ENOSPC, EDQUOT, EFBIG).
+    NoSpace,
     /// Spawn hit EAGAIN, ENOMEM or EMFILE; retry later.
     ResourceExhausted,
     /// A verb this silkd does not implement.
@@ -147,6 +198,8 @@ impl ErrorKind {
         match self {
             ErrorKind::BadRequest => "bad_request",
             ErrorKind::NotFound => "not_found",
+            ErrorKind::PermissionDenied => "permission_denied",
+            ErrorKind::NoSpace => "no_space",
             ErrorKind::ResourceExhausted => "resource_exhausted",
             ErrorKind::Unimplemented => "unimplemented",
             ErrorKind::Internal => "internal",

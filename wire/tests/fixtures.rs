@@ -3,7 +3,162 @@
 
 use std::path::PathBuf;
 
+use wire::files::{
+    FileEntry, FileKind, FileRead, FileWrite, FsEvent, FsEventKind, List, Mkdir, PathArg, Remove,
+    Rename, TarIn, Watch,
+};
 use wire::{decode_frame, encode_frame, ErrorKind, ProcInfo, ProcState, Request, Response};
+
+fn file_requests() -> Vec<(&'static str, Request)> {
+    let user = Some("user".to_string());
+    vec![
+        (
+            "req_file_read",
+            Request::FileRead(FileRead {
+                path: "/home/user/a.bin".into(),
+                offset: 10,
+                length: Some(100),
+                user: None,
+            }),
+        ),
+        (
+            "req_file_write",
+            Request::FileWrite(FileWrite {
+                path: "out/b.txt".into(),
+                mode: Some(0o600),
+                append: false,
+                parents: true,
+                user: user.clone(),
+            }),
+        ),
+        (
+            "req_data",
+            Request::Data {
+                data: vec![0, 0xff, b'x'],
+            },
+        ),
+        ("req_data_end", Request::DataEnd),
+        (
+            "req_stat",
+            Request::Stat(PathArg {
+                path: "/etc/hostname".into(),
+                user: None,
+            }),
+        ),
+        (
+            "req_list",
+            Request::List(List {
+                path: "/home/user".into(),
+                depth: 2,
+                user: None,
+            }),
+        ),
+        (
+            "req_mkdir",
+            Request::Mkdir(Mkdir {
+                path: "a/b/c".into(),
+                parents: true,
+                mode: None,
+                user: None,
+            }),
+        ),
+        (
+            "req_remove",
+            Request::Remove(Remove {
+                path: "/tmp/x".into(),
+                recursive: true,
+                user: None,
+            }),
+        ),
+        (
+            "req_rename",
+            Request::Rename(Rename {
+                from: "/tmp/x".into(),
+                to: "/tmp/y".into(),
+                user: None,
+            }),
+        ),
+        (
+            "req_tar_out",
+            Request::TarOut(PathArg {
+                path: "/home/user/project".into(),
+                user,
+            }),
+        ),
+        (
+            "req_tar_in",
+            Request::TarIn(TarIn {
+                path: "/home/user/project".into(),
+                user: None,
+            }),
+        ),
+        (
+            "req_watch",
+            Request::Watch(Watch {
+                path: "/home/user".into(),
+                recursive: false,
+                user: None,
+            }),
+        ),
+    ]
+}
+
+fn file_responses() -> Vec<(&'static str, Response)> {
+    vec![
+        (
+            "resp_stat",
+            Response::Stat(FileEntry {
+                name: "a.bin".into(),
+                kind: FileKind::File,
+                size: 1 << 33,
+                mode: 0o644,
+                mtime: 1_767_225_600,
+                target: None,
+            }),
+        ),
+        (
+            "resp_entries",
+            Response::Entries {
+                entries: vec![
+                    FileEntry {
+                        name: "sub".into(),
+                        kind: FileKind::Dir,
+                        size: 4096,
+                        mode: 0o755,
+                        mtime: 0,
+                        target: None,
+                    },
+                    FileEntry {
+                        name: "sub/link".into(),
+                        kind: FileKind::Symlink,
+                        size: 3,
+                        mode: 0o777,
+                        mtime: -1,
+                        target: Some("../x".into()),
+                    },
+                ],
+            },
+        ),
+        (
+            "resp_data",
+            Response::Data {
+                data: vec![1, 2, 3, 0],
+            },
+        ),
+        (
+            "resp_event",
+            Response::Event(FsEvent {
+                kind: FsEventKind::Rename,
+                path: "/home/user/new".into(),
+                from: Some("/home/user/old".into()),
+            }),
+        ),
+        (
+            "resp_error_no_space",
+            Response::error(ErrorKind::NoSpace, "writing /x: No space left on device"),
+        ),
+    ]
+}
 
 fn requests() -> Vec<(&'static str, Request)> {
     vec![
@@ -64,6 +219,9 @@ fn requests() -> Vec<(&'static str, Request)> {
         ("req_ps", Request::Ps),
         ("req_info", Request::Info),
     ]
+    .into_iter()
+    .chain(file_requests())
+    .collect()
 }
 
 fn responses() -> Vec<(&'static str, Response)> {
@@ -133,6 +291,9 @@ fn responses() -> Vec<(&'static str, Response)> {
             Response::error(ErrorKind::NotFound, "no process with pid 99"),
         ),
     ]
+    .into_iter()
+    .chain(file_responses())
+    .collect()
 }
 
 fn fixture(name: &str) -> PathBuf {
@@ -196,6 +357,20 @@ fn corpus_has_no_stray_files() {
         .collect();
     files.sort();
     assert_eq!(files, names);
+}
+
+/// File messages refuse unknown fields inside the wrapped struct, like every message.
+#[test]
+fn file_messages_refuse_unknown_fields() {
+    let mut bytes = encode_frame(Request::Stat(PathArg {
+        path: "/x".into(),
+        user: None,
+    }))
+    .unwrap();
+    // Swap the field name "path" for "pbth": an unknown field, same length.
+    let at = bytes.windows(4).position(|w| w == b"path").unwrap();
+    bytes[at + 1] = b'b';
+    assert!(decode_frame::<Request>(&bytes).is_err());
 }
 
 #[test]

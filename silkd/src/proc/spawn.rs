@@ -59,25 +59,7 @@ pub struct Launch {
 /// e.g. the process engine's single-uid sandbox).
 pub fn prepare(spec: &Spec) -> Result<Launch> {
     let defaults = user::defaults();
-    let account = match spec.user.as_deref().or(defaults.user.as_deref()) {
-        Some(who) => Some(user::lookup(who)?),
-        None => user::own_account(),
-    };
-    // SAFETY: geteuid/getegid have no failure mode and no side effect.
-    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
-    let switch = match &account {
-        Some(a) if a.uid == euid && a.gid == egid => None,
-        Some(a) if euid != 0 || !user::can_switch() => {
-            return Err(Error::BadRequest(format!(
-                "cannot run as {:?} (uid {}): silkd runs as uid {euid} without the right to \
-                 switch users (the process engine maps one uid per sandbox), and can only \
-                 run commands as itself",
-                a.name, a.uid
-            )))
-        }
-        Some(a) => Some(a.clone()),
-        None => None,
-    };
+    let user::Runner { account, switch } = user::runner(spec.user.as_deref())?;
     let mut env: Vec<(String, String)> = Vec::new();
     let mut set = |k: &str, v: &str| match env.iter_mut().find(|(key, _)| key == k) {
         Some(e) => e.1 = v.to_string(),

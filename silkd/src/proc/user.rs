@@ -78,6 +78,43 @@ pub fn can_switch() -> bool {
     })
 }
 
+/// Who a request runs as, and whether silkd must switch to become them.
+#[derive(Debug)]
+pub struct Runner {
+    /// The account (the request's user, else `--user`, else silkd's own when it has a
+    /// passwd entry).
+    pub account: Option<Account>,
+    /// The account to become; `None` stays silkd's own.
+    pub switch: Option<Account>,
+}
+
+/// Applies the user rules shared by exec and the file verbs: the request's user, else
+/// `--user`, else silkd's own. A silkd that is not root (or lacks CAP_SETUID/CAP_SETGID)
+/// acts only as itself: any other user is `bad_request` (it has no right to switch,
+/// e.g. the process engine's single-uid sandbox).
+pub fn runner(requested: Option<&str>) -> Result<Runner> {
+    let account = match requested.or(defaults().user.as_deref()) {
+        Some(who) => Some(lookup(who)?),
+        None => own_account(),
+    };
+    // SAFETY: geteuid/getegid have no failure mode and no side effect.
+    let (euid, egid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    let switch = match &account {
+        Some(a) if a.uid == euid && a.gid == egid => None,
+        Some(a) if euid != 0 || !can_switch() => {
+            return Err(Error::BadRequest(format!(
+                "cannot run as {:?} (uid {}): silkd runs as uid {euid} without the right to \
+                 switch users (the process engine maps one uid per sandbox), and can only \
+                 act as itself",
+                a.name, a.uid
+            )))
+        }
+        Some(a) => Some(a.clone()),
+        None => None,
+    };
+    Ok(Runner { account, switch })
+}
+
 /// Resolves `who` (a name, or a decimal uid) from the guest's account files.
 pub fn lookup(who: &str) -> Result<Account> {
     let passwd = read_account_file(PASSWD)?;
