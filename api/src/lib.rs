@@ -6,6 +6,8 @@
 
 use std::collections::BTreeMap;
 
+pub mod files;
+
 use serde::{Deserialize, Serialize};
 
 /// Every error answer: `{"error": "..."}`.

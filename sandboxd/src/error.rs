@@ -117,6 +117,21 @@ pub enum Error {
         #[source]
         source: io::Error,
     },
+    /// A file route's path does not exist in the sandbox (silkd `not_found`).
+    #[error("{0}")]
+    PathNotFound(String),
+    /// The sandbox's user may not do this to that path (silkd `permission_denied`).
+    #[error("{0}")]
+    PermissionDenied(String),
+    /// The sandbox's disk is full (silkd `no_space`); nothing was written.
+    #[error("{0}")]
+    NoSpace(String),
+    /// A `Range` that starts past the end of the file.
+    #[error("range not satisfiable: the file has {size} bytes")]
+    RangeNotSatisfiable {
+        /// The file's size.
+        size: u64,
+    },
     /// The daemon is shutting down.
     #[error("shutting down")]
     ShuttingDown,

@@ -33,6 +33,7 @@ pub mod config;
 pub mod engine;
 pub mod error;
 pub mod exec;
+pub mod files;
 pub mod guest;
 pub mod metrics;
 pub mod node;

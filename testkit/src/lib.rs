@@ -13,6 +13,7 @@
 //! - [`hostile`]: misbehaving clients over raw TCP (idle, slow headers, unfinished
 //!   bodies, unread answers) and what to observe them by.
 //! - [`http`]: one HTTP/1.1 request to a sandboxd, over TCP or a Unix socket.
+//! - [`files_http`]: the file routes with binary bodies, and an upload cut off halfway.
 //! - [`relay`]: asking sandboxd for a relay (the upgrade) on a raw connection.
 //! - [`setup`]: the test node's config and tokens.
 //! - [`daemon`]: a real sandboxd, in-process ([`Daemon`]) or as the binary
@@ -32,6 +33,7 @@
 pub mod bins;
 pub mod cgroup2;
 pub mod daemon;
+pub mod files_http;
 pub mod guard;
 pub mod host;
 pub mod hostile;

@@ -3,12 +3,15 @@
 //! becomes a status and a message (host detail for root, an incident id for the others). Handlers, one file
 //! per resource: `sandboxes.rs` (claim, list, get, release, renew), `exec.rs` (buffered
 //! exec and its streamed body), `agent.rs` (the `Upgrade: silkd` relay), `operator.rs`
-//! (root-only node routes). They turn requests into calls on [`Node`], the exec and
+//! (root-only node routes), `files.rs` (files, fs and archive, streamed both ways; their
+//! query strings in `query.rs`). They turn requests into calls on [`Node`], the exec and
 //! relay modules; nothing below this layer knows about HTTP statuses.
 
 mod agent;
 mod exec;
+mod files;
 mod operator;
+mod query;
 mod sandboxes;
 
 use std::convert::Infallible;
@@ -59,11 +62,29 @@ pub enum Route {
     Exec,
     /// `GET /v1/sandboxes/{id}/agent`
     Agent,
+    /// `PUT /v1/sandboxes/{id}/files`
+    FilePut,
+    /// `GET /v1/sandboxes/{id}/files`
+    FileGet,
+    /// `GET /v1/sandboxes/{id}/fs`
+    FsGet,
+    /// `DELETE /v1/sandboxes/{id}/fs`
+    FsDelete,
+    /// `POST /v1/sandboxes/{id}/fs/mkdir`
+    FsMkdir,
+    /// `POST /v1/sandboxes/{id}/fs/rename`
+    FsRename,
+    /// `GET /v1/sandboxes/{id}/fs/watch`
+    FsWatch,
+    /// `GET /v1/sandboxes/{id}/archive`
+    ArchiveGet,
+    /// `PUT /v1/sandboxes/{id}/archive`
+    ArchivePut,
 }
 
 impl Route {
     /// The whole table; routing and the docs test both read it.
-    pub const ALL: [Route; 11] = [
+    pub const ALL: [Route; 20] = [
         Route::Healthz,
         Route::Metrics,
         Route::Info,
@@ -75,6 +96,15 @@ impl Route {
         Route::Renew,
         Route::Exec,
         Route::Agent,
+        Route::FilePut,
+        Route::FileGet,
+        Route::FsGet,
+        Route::FsDelete,
+        Route::FsMkdir,
+        Route::FsRename,
+        Route::FsWatch,
+        Route::ArchiveGet,
+        Route::ArchivePut,
     ];
 
     /// Method and path pattern (`{id}` matches one segment).
@@ -91,6 +121,15 @@ impl Route {
             Route::Renew => (Method::POST, "/v1/sandboxes/{id}/renew"),
             Route::Exec => (Method::POST, "/v1/sandboxes/{id}/exec"),
             Route::Agent => (Method::GET, "/v1/sandboxes/{id}/agent"),
+            Route::FilePut => (Method::PUT, "/v1/sandboxes/{id}/files"),
+            Route::FileGet => (Method::GET, "/v1/sandboxes/{id}/files"),
+            Route::FsGet => (Method::GET, "/v1/sandboxes/{id}/fs"),
+            Route::FsDelete => (Method::DELETE, "/v1/sandboxes/{id}/fs"),
+            Route::FsMkdir => (Method::POST, "/v1/sandboxes/{id}/fs/mkdir"),
+            Route::FsRename => (Method::POST, "/v1/sandboxes/{id}/fs/rename"),
+            Route::FsWatch => (Method::GET, "/v1/sandboxes/{id}/fs/watch"),
+            Route::ArchiveGet => (Method::GET, "/v1/sandboxes/{id}/archive"),
+            Route::ArchivePut => (Method::PUT, "/v1/sandboxes/{id}/archive"),
         }
     }
 
@@ -109,6 +148,16 @@ impl Route {
             Route::Renew => &[200, 400, 401, 403, 404, 408, 413],
             Route::Exec => &[200, 400, 401, 403, 404, 408, 413, 500, 502, 503, 504],
             Route::Agent => &[101, 401, 403, 404, 426, 429, 502],
+            // The file routes: 403 also for silkd `permission_denied`, 404 for a missing
+            // path, 507 for silkd `no_space`; uploads time out per piece (408).
+            Route::FilePut => &[200, 400, 401, 403, 404, 408, 502, 503, 507],
+            Route::FileGet => &[200, 206, 400, 401, 403, 404, 416, 502, 503],
+            Route::FsGet | Route::ArchiveGet | Route::FsWatch => {
+                &[200, 400, 401, 403, 404, 502, 503]
+            }
+            Route::FsDelete => &[204, 400, 401, 403, 404, 502, 503],
+            Route::FsMkdir | Route::FsRename => &[204, 400, 401, 403, 404, 408, 413, 502, 503, 507],
+            Route::ArchivePut => &[204, 400, 401, 403, 404, 408, 502, 503, 507],
         }
     }
 
@@ -161,7 +210,10 @@ pub fn status_of(error: &Error) -> StatusCode {
         Error::BadRequest(_) | Error::UnknownName { .. } => StatusCode::BAD_REQUEST,
         Error::Unauthorized => StatusCode::UNAUTHORIZED,
         Error::Forbidden => StatusCode::FORBIDDEN,
-        Error::NotFound => StatusCode::NOT_FOUND,
+        Error::NotFound | Error::PathNotFound(_) => StatusCode::NOT_FOUND,
+        Error::PermissionDenied(_) => StatusCode::FORBIDDEN,
+        Error::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
+        Error::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
         Error::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         Error::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
         Error::BodyTooLarge { .. } | Error::OutputTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
@@ -343,6 +395,15 @@ async fn dispatch(
         Route::Renew => sandboxes::renew(&node, &caller, &id, req).await,
         Route::Exec => exec::exec(&node, &caller, &id, req).await,
         Route::Agent => agent::agent(&node, &caller, &id, req).await,
+        Route::FilePut => files::put_file(&node, &caller, &id, req).await,
+        Route::FileGet => files::get_file(&node, &caller, &id, req).await,
+        Route::FsGet => files::get_fs(&node, &caller, &id, req).await,
+        Route::FsDelete => files::delete_fs(&node, &caller, &id, req).await,
+        Route::FsMkdir => files::mkdir(&node, &caller, &id, req).await,
+        Route::FsRename => files::rename(&node, &caller, &id, req).await,
+        Route::FsWatch => files::watch(&node, &caller, &id, req).await,
+        Route::ArchiveGet => files::get_archive(&node, &caller, &id, req).await,
+        Route::ArchivePut => files::put_archive(&node, &caller, &id, req).await,
     }
 }
 
