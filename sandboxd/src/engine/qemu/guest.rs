@@ -1,9 +1,10 @@
 //! One VM: its QEMU process, owned by a supervisor task that records the VM's end in its
 //! [`Fate`] (an exit nobody asked for is the sandbox's failure, with QEMU's stderr and the
-//! console tail) and then frees its cgroup and its uid; its guest channel; and the sweep
-//! of QEMUs an earlier run left behind.
+//! console tail) and then frees its cgroup and its uid; its record ([`GuestHandle`]) for a
+//! later sandboxd; and its guest channel. A QEMU this sandboxd spawned is its child; one
+//! it re-adopted after a restart is watched through a pidfd (`adopt.rs`).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,9 +15,10 @@ use tokio::sync::{oneshot, watch};
 use super::channel::Channel;
 use super::cmdline;
 use super::console::Ring;
-use super::spawn::Spawned;
+use crate::engine::cgroup::Cgroup;
+use crate::engine::handle::PidFd;
 use crate::engine::identity::Identity;
-use crate::engine::{Fate, Guest, GuestStream};
+use crate::engine::{Fate, Guest, GuestHandle, GuestStream};
 use crate::error::{Error, Result};
 
 /// One VM.
@@ -28,62 +30,111 @@ pub struct QemuGuest {
     exited: watch::Receiver<bool>,
     fate: Fate,
     destroying: AtomicBool,
+    /// Set when sandboxd stops and leaves the VM running: dropping it kills nothing.
+    kept: Arc<AtomicBool>,
     pub(super) cloned: AtomicBool,
     console: Ring,
     stderr: Ring,
-    pid: Option<u32>,
+    /// QEMU, signalled through its pidfd only.
+    pidfd: PidFd,
+    handle: GuestHandle,
+}
+
+/// The QEMU process a supervisor waits for.
+pub(super) enum Qemu {
+    /// Spawned by this sandboxd: our child, reaped here.
+    Child(tokio::process::Child),
+    /// Re-adopted after a restart: not our child (init reaps it), watched by a pidfd.
+    Adopted(PidFd),
+}
+
+/// What a supervisor takes over besides the process.
+pub(super) struct Parts {
+    pub id: String,
+    pub run_dir: PathBuf,
+    pub console: Ring,
+    pub stderr: Ring,
+    pub cgroup: Cgroup,
+    pub identity: Identity,
+    /// QEMU's pidfd, for kills.
+    pub pidfd: PidFd,
+    pub handle: GuestHandle,
 }
 
 impl QemuGuest {
-    /// Takes the started QEMU; a task waits for it, records an unexpected exit, then
-    /// removes its cgroup and gives its uid back (only once nothing runs under it).
-    pub(super) fn supervise(
-        id: String,
-        run_dir: PathBuf,
-        spawned: Spawned,
-        identity: Identity,
-    ) -> Arc<QemuGuest> {
-        let Spawned {
-            mut child,
+    /// Takes the QEMU; a task waits for it, records an unexpected exit, then removes its
+    /// cgroup and gives its uid back (only once nothing runs under it). A guest left
+    /// running on stop is no longer supervised once dropped.
+    pub(super) fn supervise(qemu: Qemu, parts: Parts) -> Arc<QemuGuest> {
+        let Parts {
+            id,
+            run_dir,
             console,
             stderr,
             cgroup,
-        } = spawned;
+            identity,
+            pidfd,
+            handle,
+        } = parts;
         let (kill_tx, kill_rx) = oneshot::channel::<()>();
         let (exited_tx, exited_rx) = watch::channel(false);
         let fate = Fate::new();
+        let kept = Arc::new(AtomicBool::new(false));
         let guest = Arc::new(QemuGuest {
             id,
-            run_dir: run_dir.clone(),
+            run_dir,
             channel: tokio::sync::RwLock::new(None),
             kill: Mutex::new(Some(kill_tx)),
             exited: exited_rx,
             fate: fate.clone(),
             destroying: AtomicBool::new(false),
+            kept: kept.clone(),
             cloned: AtomicBool::new(false),
-            pid: child.id(),
+            pidfd,
+            handle,
             console,
             stderr,
         });
         let id = guest.id.clone();
         let (console, stderr) = (guest.console.clone(), guest.stderr.clone());
         tokio::spawn(async move {
-            tokio::select! {
-                status = child.wait() => {
-                    let why = match status {
+            let (mut child, watch) = match qemu {
+                Qemu::Child(c) => (Some(c), None),
+                Qemu::Adopted(p) => (None, Some(p)),
+            };
+            let exit = async {
+                match (&mut child, watch) {
+                    (Some(c), _) => match c.wait().await {
                         Ok(s) => format!("QEMU exited ({s})"),
                         Err(e) => format!("waiting for QEMU: {e}"),
-                    };
+                    },
+                    (None, Some(p)) => match p.exited().await {
+                        // Not our child: its exit status went to whoever reaped it.
+                        Ok(()) => "QEMU exited (re-adopted after a restart: its console \
+                                   and exit status went to the earlier sandboxd)"
+                            .to_string(),
+                        Err(e) => format!("watching QEMU: {e}"),
+                    },
+                    (None, None) => unreachable!("a supervisor always has a process"),
+                }
+            };
+            tokio::pin!(exit);
+            tokio::select! {
+                why = &mut exit => {
                     let tail = tails(&console, &stderr);
                     tracing::warn!(guest = %id, "{why}; {tail}");
                     fate.fail(format!("{why}; {tail}"));
                 }
                 _ = kill_rx => {
-                    let _ = child.start_kill();
-                    let _ = child.wait().await;
+                    if kept.load(Ordering::SeqCst) {
+                        // Left running for the next start: not ours to wait for any more.
+                        return;
+                    }
+                    // `destroy` or the guest's Drop sent SIGKILL through the pidfd.
+                    let _ = exit.await;
                 }
             }
-            // QEMU is reaped and `spawn=deny` kept it from leaving children: the group is
+            // QEMU is gone and `spawn=deny` kept it from leaving children: the group is
             // empty and the uid owns no process any more.
             cgroup.kill_all();
             cgroup.remove();
@@ -122,9 +173,9 @@ impl QemuGuest {
         }
     }
 
-    /// QEMU's pid while it runs.
+    /// QEMU's pid.
     pub fn pid(&self) -> Option<u32> {
-        self.pid
+        Some(self.pidfd.pid() as u32)
     }
 
     fn tails(&self) -> String {
@@ -137,6 +188,7 @@ impl QemuGuest {
         if let Some(c) = self.channel.write().await.take() {
             c.close();
         }
+        self.pidfd.kill();
         if let Some(k) = self.kill.lock().expect("kill lock").take() {
             let _ = k.send(());
         }
@@ -179,6 +231,25 @@ impl Guest for QemuGuest {
             "cold"
         }
     }
+
+    fn handle(&self) -> Option<GuestHandle> {
+        Some(self.handle.clone())
+    }
+
+    fn leave_running(&self) {
+        self.kept.store(true, Ordering::SeqCst);
+    }
+}
+
+impl Drop for QemuGuest {
+    fn drop(&mut self) {
+        // Safety net for paths that forget `destroy` (and goldens dropped on stop): no
+        // VM outlives its last reference unless it was left running on purpose. SIGKILL
+        // now, not from the supervisor: on stop the runtime may end before it runs.
+        if !self.destroying.load(Ordering::SeqCst) && !self.kept.load(Ordering::SeqCst) {
+            self.pidfd.kill();
+        }
+    }
 }
 
 /// The last bytes of QEMU's stderr and of the guest console, for error messages.
@@ -189,40 +260,6 @@ fn tails(console: &Ring, stderr: &Ring) -> String {
         console.total(),
         console.tail(600)
     )
-}
-
-/// Kills QEMUs an earlier run left behind (their run dirs hold the sockets) and removes
-/// the dirs. A QEMU is ours when its command line (`-name`) names one of those dirs; the
-/// cgroup sweep catches the same QEMUs where the host has cgroups.
-pub(super) fn clean_leftovers(run_root: &Path) {
-    let Ok(dirs) = std::fs::read_dir(run_root) else {
-        return;
-    };
-    let dirs: Vec<PathBuf> = dirs.flatten().map(|e| e.path()).collect();
-    if dirs.is_empty() {
-        return;
-    }
-    if let Ok(procs) = std::fs::read_dir("/proc") {
-        for p in procs.flatten() {
-            let Ok(pid) = p.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let Ok(cmdline) = std::fs::read(p.path().join("cmdline")) else {
-                continue;
-            };
-            let cmdline = String::from_utf8_lossy(&cmdline);
-            if dirs.iter().any(|d| cmdline.contains(&*d.to_string_lossy())) {
-                tracing::warn!(pid, "killing a QEMU left by an earlier run");
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-        }
-    }
-    for d in dirs {
-        let _ = std::fs::remove_dir_all(d);
-    }
 }
 
 pub(super) fn random_id() -> String {

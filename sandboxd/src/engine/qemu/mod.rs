@@ -20,6 +20,7 @@
 //!   QEMU has that group, so it can read (never write) them; before a clone maps them,
 //!   owner, group and mode are checked, so a planted file is never mapped.
 
+mod adopt;
 pub mod channel;
 pub mod cmdline;
 mod console;
@@ -42,12 +43,12 @@ use sha2::{Digest, Sha256};
 
 use self::cmdline::{Accel, Launch, Machine, Memory};
 pub use self::guest::QemuGuest;
-use self::guest::{clean_leftovers, random_id};
+use self::guest::{random_id, Parts, Qemu};
 use self::qmp::Qmp;
 use self::spawn::{Files, RunAs};
 use super::cgroup::Cgroups;
 use super::identity::Identities;
-use super::{Engine, Guest, GuestSpec};
+use super::{Engine, Guest, GuestHandle, GuestSpec};
 use crate::config::{AccelChoice, QemuConfig, SizeConfig};
 use crate::error::{Error, Result};
 
@@ -96,8 +97,8 @@ struct GoldenFiles {
 }
 
 impl QemuEngine {
-    /// Checks QEMU and clears what an earlier run left (processes, sockets). The
-    /// accelerator is settled on first use: `auto` uses KVM only if it actually boots
+    /// Checks QEMU and prepares its directories; what an earlier run left is re-adopted
+    /// or swept later ([`Engine::adopt`], [`Engine::sweep`]). The accelerator is settled on first use: `auto` uses KVM only if it actually boots
     /// `probe_image`, tried once with a short deadline.
     ///
     /// Golden memory files go in `memory_dir/sandboxd-INSTANCE` (one per data_dir), a
@@ -119,13 +120,9 @@ impl QemuEngine {
         let memory_dir = cfg.memory_dir.join(format!("sandboxd-{instance}"));
         private::private_dir(&memory_dir)?;
         let cgroups = Cgroups::probe(cgroup_root, &instance);
-        // Kills what an earlier run left in its cgroups, then by command line (hosts
-        // without cgroups), then its run dirs.
-        cgroups.remove_stale();
         for w in cgroups.warnings() {
             tracing::warn!("qemu engine: {w}");
         }
-        clean_leftovers(&run_root);
         private::private_dir(&run_root)?;
         let identities = Identities::new(cfg.uid_base + 1, cfg.uid_count - 1);
         tracing::info!(
@@ -335,7 +332,39 @@ impl QemuEngine {
                 return Err(e);
             }
         };
-        let guest = QemuGuest::supervise(id, run_dir, spawned, identity);
+        let spawn::Spawned {
+            child,
+            console,
+            stderr,
+            cgroup,
+            pidfd,
+            start_time,
+        } = spawned;
+        // The channel and QMP sockets are at fixed names in the run dir, so the record
+        // names the dir only: a later sandboxd verifies the dir and derives the rest.
+        let handle = GuestHandle {
+            engine: "qemu".into(),
+            guest_id: id.clone(),
+            run_dir: run_dir.clone(),
+            pid: pidfd.pid(),
+            start_time,
+            init: None,
+            uid: switch.then(|| identity.uid()),
+            cgroups: cgroup.dirs().to_vec(),
+        };
+        let guest = QemuGuest::supervise(
+            Qemu::Child(child),
+            Parts {
+                id,
+                run_dir,
+                console,
+                stderr,
+                cgroup,
+                identity,
+                pidfd,
+                handle,
+            },
+        );
         if !incoming {
             if let Err(e) = guest.connect(within).await {
                 let e = guest.launch_error(e);
@@ -633,13 +662,27 @@ impl Engine for QemuEngine {
         })
     }
 
-    fn shutdown(&self, _kept: bool) {
-        // QEMU guests are never kept (no re-adoption yet). Every guest was destroyed already; this sweeps anything that escaped (a golden
-        // mid-build), so no QEMU outlives the daemon.
+    fn adopt<'a>(&'a self, handle: &'a GuestHandle) -> BoxFuture<'a, Result<Arc<dyn Guest>>> {
+        Box::pin(async move {
+            self.adopt_guest(handle)
+                .await
+                .map(|g| g as Arc<dyn Guest>)
+        })
+    }
+
+    fn sweep(&self, keep: &[GuestHandle]) {
+        self.sweep_unowned(keep);
+    }
+
+    fn shutdown(&self, kept: bool) {
+        // A golden mid-build is dropped here, and its Drop SIGKILLs its QEMU.
         self.goldens.lock().expect("goldens lock").clear();
-        clean_leftovers(&self.run_root);
-        self.cgroups.remove_stale();
-        self.cgroups.remove_parents();
+        if !kept {
+            // Every guest was destroyed already; this catches anything that escaped, so
+            // no QEMU outlives the daemon.
+            self.sweep_unowned(&[]);
+            self.cgroups.remove_parents();
+        }
     }
 
     fn start<'a>(&'a self, spec: &'a GuestSpec) -> BoxFuture<'a, Result<Arc<dyn Guest>>> {

@@ -84,6 +84,13 @@ pub fn private_dir(dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// True when `dir` is a directory (not a symlink) of sandboxd's with mode 0700: one this
+/// engine made, that nobody else could have written into.
+pub fn is_private_dir(dir: &Path) -> bool {
+    std::fs::symlink_metadata(dir)
+        .is_ok_and(|m| m.is_dir() && m.uid() == euid() && m.mode() & MODE_BITS == 0o700)
+}
+
 /// Creates a new directory with mode 0700; an existing name is an error (never reused).
 pub fn fresh_dir(dir: &Path) -> Result<()> {
     DirBuilder::new()
@@ -176,6 +183,10 @@ mod tests {
         std::os::unix::fs::symlink(&good, &link).unwrap();
         assert!(private_dir(&link).is_err());
         assert!(fresh_dir(&good).is_err(), "fresh_dir must not reuse a name");
+        assert!(is_private_dir(&good));
+        assert!(!is_private_dir(&link), "a symlink to a private dir is not one");
+        assert!(!is_private_dir(&d), "writable by others");
+        assert!(!is_private_dir(&tmp.path().join("none")));
     }
 
     #[test]

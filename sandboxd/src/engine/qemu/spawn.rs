@@ -16,6 +16,7 @@ use super::cmdline;
 use super::console::Ring;
 use crate::config::SizeConfig;
 use crate::engine::cgroup::{Cgroup, Cgroups};
+use crate::engine::handle::PidFd;
 use crate::error::{Error, Result};
 
 /// Bytes of console kept per VM (its tail shows in error messages).
@@ -62,6 +63,11 @@ pub struct Spawned {
     pub stderr: Ring,
     /// Its cgroup (no directories where the host has no cgroup controllers).
     pub cgroup: Cgroup,
+    /// The same process through a pidfd (signals never reach a reused pid), and its
+    /// start time, for the guest's record.
+    pub pidfd: PidFd,
+    /// Its start time in clock ticks since boot.
+    pub start_time: u64,
 }
 
 /// Starts `binary args` as `run_as`, in a new cgroup `id` limited to `limits`, with the
@@ -116,8 +122,8 @@ pub fn spawn(
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped());
-    // SAFETY: between fork and exec only async-signal-safe calls (write, setgroups,
-    // setgid, setuid, dup2, prctl) run, on fds and a vector made before the fork.
+    // SAFETY: between fork and exec only async-signal-safe calls (setsid, write,
+    // setgroups, setgid, setuid, dup2, prctl) run, on fds and a vector made before the fork.
     unsafe {
         cmd.pre_exec(move || {
             let check = |r: libc::c_int| {
@@ -127,6 +133,9 @@ pub fn spawn(
                     Ok(())
                 }
             };
+            // A session of its own: the VM outlives sandboxd (a restart re-adopts it), so
+            // nothing aimed at sandboxd's session or process group reaches it.
+            check(libc::setsid())?;
             // Join the cgroup while still root: QEMU is inside from its first instruction.
             for fd in &procs_fds {
                 if libc::write(*fd, b"0".as_ptr().cast(), 1) != 1 {
@@ -145,8 +154,10 @@ pub fn spawn(
             check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))
         });
     }
+    // Not killed with its handle: a VM left running on stop outlives it; every other
+    // path destroys the guest (or its Drop kills it through the pidfd).
     let mut child = match tokio::process::Command::from(cmd)
-        .kill_on_drop(true)
+        .kill_on_drop(false)
         .spawn()
     {
         Ok(c) => c,
@@ -158,6 +169,20 @@ pub fn spawn(
     // QEMU holds the listening sockets now: with ours closed, a connect after it exits
     // fails at once instead of waiting in a backlog nobody accepts.
     drop((qmp, channel, console_qemu, inherit, procs));
+    // Our unreaped child: its pid cannot be reused before we wait for it.
+    let (pidfd, start_time) = match child.id().map(|p| PidFd::own(p as i32)) {
+        Some(Ok(p)) => p,
+        failed => {
+            let _ = child.start_kill();
+            cgroup.kill_all();
+            cgroup.remove();
+            let why = match failed {
+                Some(Err(e)) => e.to_string(),
+                _ => "it exited at once".into(),
+            };
+            return Err(Error::Engine(format!("QEMU pidfd: {why}")));
+        }
+    };
 
     let console = Ring::new(CONSOLE_RING);
     console_host
@@ -175,6 +200,8 @@ pub fn spawn(
         console,
         stderr,
         cgroup,
+        pidfd,
+        start_time,
     })
 }
 
