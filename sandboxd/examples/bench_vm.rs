@@ -214,6 +214,8 @@ async fn warm_claims(image: &Path, dir: &Path) -> Result<Vec<Duration>, BoxError
 data_dir = "{data}"
 api_token = "{ROOT}"
 engine = "qemu"
+# A stopped node leaves nothing (the bench counts only its own run).
+on_stop = "destroy"
 boot_timeout_seconds = 60
 [qemu]
 memory_dir = "{mem}"

@@ -32,6 +32,8 @@ fn config(data: &Path, mem_dir: &Path) -> String {
 data_dir = "{data}"
 api_token = "{ROOT}"
 engine = "qemu"
+# A stopped node leaves nothing (qemu_restart.rs covers "keep").
+on_stop = "destroy"
 boot_timeout_seconds = 60
 warmup_timeout_seconds = 60
 

@@ -36,33 +36,7 @@ impl Census {
         let pid = *procs_with(&data_dir.to_string_lossy())
             .first()
             .expect("a running sandbox of this daemon");
-        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
-        let mut cgroup_parents = Vec::new();
-        for line in text.lines() {
-            // "4:pids:/sandboxd/INSTANCE/ID" (v1) or "0::/sandboxd/INSTANCE/ID" (v2).
-            let mut parts = line.splitn(3, ':');
-            let (_, controllers, path) = (parts.next(), parts.next(), parts.next());
-            let (Some(controllers), Some(path)) = (controllers, path) else {
-                continue;
-            };
-            if !path.starts_with("/sandboxd/") {
-                continue;
-            }
-            let mount = match controllers {
-                // cgroup2: the whole tree on a pure v2 host, `unified` on a hybrid one.
-                "" if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() => {
-                    PathBuf::from("/sys/fs/cgroup")
-                }
-                "" => PathBuf::from("/sys/fs/cgroup/unified"),
-                c => Path::new("/sys/fs/cgroup").join(c),
-            };
-            let parent = Path::new(path).parent().unwrap().strip_prefix("/").unwrap();
-            cgroup_parents.push(mount.join(parent));
-        }
-        assert!(
-            !cgroup_parents.is_empty(),
-            "pid {pid} in no sandboxd cgroup:\n{text}"
-        );
+        let cgroup_parents = cgroup_parents(pid);
         Census {
             data_dir: data_dir.to_path_buf(),
             uids,
@@ -124,4 +98,38 @@ impl Census {
         )
         .await
     }
+}
+
+/// The parent groups (sandboxd's per-daemon groups, one per controller mount) of the
+/// sandbox or VM process `pid`, from `/proc/PID/cgroup`; a pid in none of sandboxd's
+/// groups fails the test.
+pub fn cgroup_parents(pid: u32) -> Vec<PathBuf> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    let mut parents = Vec::new();
+    for line in text.lines() {
+        // "4:pids:/sandboxd/INSTANCE/ID" (v1) or "0::/sandboxd/INSTANCE/ID" (v2).
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next(), parts.next(), parts.next());
+        let (Some(controllers), Some(path)) = (controllers, path) else {
+            continue;
+        };
+        if !path.starts_with("/sandboxd/") {
+            continue;
+        }
+        let mount = match controllers {
+            // cgroup2: the whole tree on a pure v2 host, `unified` on a hybrid one.
+            "" if Path::new("/sys/fs/cgroup/cgroup.controllers").exists() => {
+                PathBuf::from("/sys/fs/cgroup")
+            }
+            "" => PathBuf::from("/sys/fs/cgroup/unified"),
+            c => Path::new("/sys/fs/cgroup").join(c),
+        };
+        let parent = Path::new(path).parent().unwrap().strip_prefix("/").unwrap();
+        parents.push(mount.join(parent));
+    }
+    assert!(
+        !parents.is_empty(),
+        "pid {pid} in no sandboxd cgroup:\n{text}"
+    );
+    parents
 }

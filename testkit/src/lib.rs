@@ -49,6 +49,7 @@ pub mod silkd;
 pub mod silkd_files;
 pub mod vm;
 pub mod vm_disk;
+pub mod vm_leftovers;
 pub mod wait;
 
 pub use daemon::{Api, Daemon, DaemonProcess};

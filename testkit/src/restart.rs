@@ -119,3 +119,33 @@ pub async fn relay_info(addr: std::net::SocketAddr, id: &str, token: &str) -> bo
     conn.send(Request::Info).await.unwrap();
     matches!(conn.next().await, Some(Ok(Response::Info { .. })))
 }
+
+/// Starts `argv` through the relay and reads nothing past `Started`: its output backs up
+/// in the guest channel, as it does when the daemon is killed mid-stream. The connection
+/// is returned so the backlog lasts as long as the caller holds it.
+pub async fn exec_unread(
+    addr: std::net::SocketAddr,
+    id: &str,
+    token: &str,
+    argv: &[&str],
+) -> Framed<tokio::net::TcpStream, HostCodec> {
+    let (status, stream, rest) =
+        upgrade(addr, &format!("/v1/sandboxes/{id}/agent"), Some(token)).await;
+    assert_eq!(status, 101);
+    assert!(rest.is_empty(), "bytes before the first frame: {rest:?}");
+    let mut conn = Framed::new(stream, HostCodec::new());
+    conn.send(Request::Exec {
+        argv: argv.iter().map(|a| a.to_string()).collect(),
+        cwd: None,
+        env: None,
+        user: None,
+        stdin: false,
+        timeout_ms: None,
+    })
+    .await
+    .unwrap();
+    match conn.next().await {
+        Some(Ok(Response::Started { .. })) => conn,
+        other => panic!("expected Started, got {other:?}"),
+    }
+}

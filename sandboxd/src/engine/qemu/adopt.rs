@@ -167,7 +167,11 @@ fn socket_holders(dirs: &[PathBuf]) -> Vec<PidFd> {
         .lines()
         .skip(1)
         .filter_map(unix_socket_entry)
-        .filter(|(_, path)| Path::new(path).parent().is_some_and(|p| dirs.iter().any(|d| d == p)))
+        .filter(|(_, path)| {
+            Path::new(path)
+                .parent()
+                .is_some_and(|p| dirs.iter().any(|d| d == p))
+        })
         .map(|(inode, _)| inode)
         .collect();
     if inodes.is_empty() {
@@ -235,7 +239,8 @@ mod tests {
 
     #[test]
     fn proc_net_unix_lines_give_inode_and_path() {
-        let named = "0000000000000000: 00000002 00000000 00010000 0001 01 123456 /run/a b/silkd.sock";
+        let named =
+            "0000000000000000: 00000002 00000000 00010000 0001 01 123456 /run/a b/silkd.sock";
         assert_eq!(
             unix_socket_entry(named),
             Some((123456, "/run/a b/silkd.sock"))
@@ -285,7 +290,10 @@ mod tests {
             }
             cmd.spawn().unwrap()
         };
-        let found: Vec<i32> = socket_holders(&[ours.clone()]).iter().map(|p| p.pid()).collect();
+        let found: Vec<i32> = socket_holders(&[ours.clone()])
+            .iter()
+            .map(|p| p.pid())
+            .collect();
         assert_eq!(found, vec![child.id() as i32]);
         assert!(socket_holders(&[tmp.path().join("none")]).is_empty());
         child.kill().unwrap();

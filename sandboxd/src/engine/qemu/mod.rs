@@ -663,11 +663,7 @@ impl Engine for QemuEngine {
     }
 
     fn adopt<'a>(&'a self, handle: &'a GuestHandle) -> BoxFuture<'a, Result<Arc<dyn Guest>>> {
-        Box::pin(async move {
-            self.adopt_guest(handle)
-                .await
-                .map(|g| g as Arc<dyn Guest>)
-        })
+        Box::pin(async move { self.adopt_guest(handle).await.map(|g| g as Arc<dyn Guest>) })
     }
 
     fn sweep(&self, keep: &[GuestHandle]) {

@@ -184,7 +184,10 @@ mod tests {
         assert!(private_dir(&link).is_err());
         assert!(fresh_dir(&good).is_err(), "fresh_dir must not reuse a name");
         assert!(is_private_dir(&good));
-        assert!(!is_private_dir(&link), "a symlink to a private dir is not one");
+        assert!(
+            !is_private_dir(&link),
+            "a symlink to a private dir is not one"
+        );
         assert!(!is_private_dir(&d), "writable by others");
         assert!(!is_private_dir(&tmp.path().join("none")));
     }
