@@ -8,9 +8,8 @@
 //!
 //! Run as root, after `cargo xtask image`.
 
-use std::time::{Duration, Instant};
-
 use serde_json::json;
+use testkit::restart::kill_and_restart;
 use testkit::{DaemonProcess, Setup};
 
 const SANDBOXES: usize = 50;
@@ -30,27 +29,6 @@ fn main() -> std::process::ExitCode {
     }
 }
 
-/// One kill -9 and restart of `d` on `dir`: the new daemon, its start-to-serving wall
-/// time, and the reconciliation time it logged.
-async fn restart(
-    d: &mut DaemonProcess,
-    dir: &std::path::Path,
-    text: &str,
-) -> Result<(DaemonProcess, Duration, String), String> {
-    d.process().kill();
-    let started = Instant::now();
-    let next = DaemonProcess::start(testkit::bins::debug_dir().join("sandboxd"), dir, text).await;
-    let wall = started.elapsed();
-    let log = next.log_text();
-    let reconcile = log
-        .lines()
-        .find(|l| l.contains("reconciled the state database"))
-        .and_then(|l| l.split_once("elapsed="))
-        .map(|(_, v)| v.split_whitespace().next().unwrap_or("").to_string())
-        .ok_or("no reconciliation line in the log")?;
-    Ok((next, wall, reconcile))
-}
-
 async fn bench() -> Result<(), String> {
     if !nix::unistd::geteuid().is_root() {
         return Err("run as root: the process engine's sandboxes need their identities".into());
@@ -66,13 +44,15 @@ async fn bench() -> Result<(), String> {
     let text = setup.toml(&dir.path().join("data"), "127.0.0.1:0");
     let sandboxd = testkit::bins::debug_dir().join("sandboxd");
     let mut first = DaemonProcess::start(&sandboxd, dir.path(), &text).await;
-    let (mut empty, empty_wall, empty_reconcile) = restart(&mut first, dir.path(), &text).await?;
+    let (mut empty, empty_wall, empty_reconcile) =
+        kill_and_restart(&mut first, &sandboxd, dir.path(), &text).await?;
 
     let mut claimed = Vec::new();
     for _ in 0..SANDBOXES {
         claimed.push(empty.claim().await);
     }
-    let (second, wall, reconcile) = restart(&mut empty, dir.path(), &text).await?;
+    let (second, wall, reconcile) =
+        kill_and_restart(&mut empty, &sandboxd, dir.path(), &text).await?;
     let mut answered = 0;
     for (id, token) in &claimed {
         let r = second.exec(id, token, json!({"argv": ["true"]})).await;

@@ -149,3 +149,26 @@ pub async fn exec_unread(
         other => panic!("expected Started, got {other:?}"),
     }
 }
+
+/// `kill -9`s `d`, then starts `binary` with `config` in `dir` (the same data dir): the new
+/// daemon, its start-to-serving wall time, and the reconciliation time it logged
+/// (`elapsed=` of its "reconciled the state database" line, as sandboxd prints it).
+pub async fn kill_and_restart(
+    d: &mut crate::DaemonProcess,
+    binary: &Path,
+    dir: &Path,
+    config: &str,
+) -> Result<(crate::DaemonProcess, std::time::Duration, String), String> {
+    d.process().kill();
+    let started = std::time::Instant::now();
+    let next = crate::DaemonProcess::start(binary, dir, config).await;
+    let wall = started.elapsed();
+    let reconcile = next
+        .log_text()
+        .lines()
+        .find(|l| l.contains("reconciled the state database"))
+        .and_then(|l| l.split_once("elapsed="))
+        .map(|(_, v)| v.split_whitespace().next().unwrap_or("").to_string())
+        .ok_or("no reconciliation line in the log")?;
+    Ok((next, wall, reconcile))
+}

@@ -22,8 +22,9 @@ pub enum Bench {
     /// The process engine's exec round trip with and without its seccomp filter and
     /// per-sandbox identity (as root); builds the guest image first.
     Isolation,
-    /// Re-adoption of 50 claimed process-engine sandboxes after `kill -9` and restart,
-    /// against a restart with none (as root); builds the guest image first.
+    /// Re-adoption after `kill -9` and restart, against a restart with none: 50 claimed
+    /// process-engine sandboxes (as root), then 8 claimed VMs (qemu engine); builds the
+    /// guest image first.
     Restart,
     /// Any name that is not a known benchmark.
     #[command(external_subcommand)]
@@ -69,7 +70,10 @@ pub fn run(which: Bench) -> Result<()> {
                     .current_dir(&root),
             )?;
             match which {
-                Bench::Restart => run_example("bench restart", "bench_restart"),
+                Bench::Restart => {
+                    run_example("bench restart", "bench_restart")?;
+                    run_example("bench restart (qemu)", "bench_restart_vm")
+                }
                 _ => run_example("bench isolation", "bench_isolation"),
             }
         }
