@@ -11,6 +11,9 @@
 //! - Cold boot: the fallback while no golden exists.
 //! - Supervision: a QEMU that exits on its own marks its guest failed with the reason
 //!   and the tail of its console.
+//! - Restarts: QEMU runs in its own session and outlives sandboxd; a claimed VM's record
+//!   ([`GuestHandle`]) lets the next start re-adopt it and re-dial its channel socket
+//!   (`adopt.rs`), which also sweeps every VM no record owns.
 //! - Confinement: every QEMU runs under its own uid (when sandboxd is root), with
 //!   QEMU's seccomp filter, in its own cgroup (guest RAM + [`QEMU_OVERHEAD_MIB`], pids),
 //!   and opens nothing of ours by path: its sockets, files and console are fds sandboxd
