@@ -1,8 +1,9 @@
 //! The real `sandboxd` binary, `engine = "qemu"` under TCG, restarted on the same
 //! `data_dir`: after a `kill -9` the next start re-adopts every recorded VM whose QEMU is
 //! alive (same id and token; its file and background process; exec and relay through a
-//! fresh channel session), drops and logs the one whose QEMU was killed meanwhile,
-//! destroys the QEMU whose record was deleted; a SIGTERM with `on_stop = "keep"` keeps
+//! fresh channel session, no stale byte from a flood cut off by the kill), drops and logs
+//! the one whose QEMU was killed meanwhile, destroys the QEMU whose record was deleted
+//! and the one whose record was pointed at a bystander (never signalled); a SIGTERM with `on_stop = "keep"` keeps
 //! the claimed VMs and destroys the warm one; `on_stop = "destroy"` leaves nothing.
 //! Leftovers (QEMUs, run dirs, sockets, memory files, cgroups) are counted throughout.
 //!
@@ -11,13 +12,14 @@
 //! handles each record on its own. Needs QEMU and the guest image, like `qemu.rs`.
 
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use serde_json::json;
 use testkit::procs::{self, procs_with};
 use testkit::restart;
 use testkit::vm_leftovers::{VmCensus, VmCount};
-use testkit::{wait_until, DaemonProcess, ROOT};
+use testkit::{wait_until, ChildGuard, DaemonProcess, ROOT};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandboxd");
 
@@ -156,10 +158,12 @@ async fn kill_9_then_restart_readopts_vms_drops_the_dead_and_sweeps_the_unowned(
     }
     let (died, died_token) = first.claim().await;
     let (orphan, _) = first.claim().await;
+    let (tampered, tampered_token) = first.claim().await;
     let died_pid = qemu_pid(&data, &died);
     let orphan_pid = qemu_pid(&data, &orphan);
-    // Four claimed VMs and the warm one the pool refilled.
-    census.wait_for(plus(warm_only, 4)).await;
+    let tampered_pid = qemu_pid(&data, &tampered);
+    // Five claimed VMs and the warm one the pool refilled.
+    census.wait_for(plus(warm_only, 5)).await;
     // A flood nobody reads is mid-stream in the first VM when the daemon dies: its stale
     // bytes wait in the channel for the next session, which must not see one of them.
     let flood = restart::exec_unread(
@@ -175,7 +179,7 @@ async fn kill_9_then_restart_readopts_vms_drops_the_dead_and_sweeps_the_unowned(
     // Every VM outlived the daemon (its own session and cgroup).
     assert_eq!(
         census.count(),
-        plus(warm_only, 4),
+        plus(warm_only, 5),
         "a QEMU died with sandboxd"
     );
     // While sandboxd is down: one QEMU is killed, one record is lost.
@@ -191,6 +195,11 @@ async fn kill_9_then_restart_readopts_vms_drops_the_dead_and_sweeps_the_unowned(
     )
     .await;
     restart::forget(&data, &orphan);
+    let mut bystander = ChildGuard::spawn(
+        "bystander",
+        Command::new("sleep").arg("1000").stdin(Stdio::null()),
+    );
+    restart::point_at(&data, &tampered, bystander.pid());
 
     let mut second = node.start("keep").await;
     for (id, token, m) in &kept {
@@ -231,16 +240,23 @@ async fn kill_9_then_restart_readopts_vms_drops_the_dead_and_sweeps_the_unowned(
         "the QEMU no record owns still runs"
     );
     let log = second.log_text();
-    assert!(
-        log.lines()
-            .any(|l| l.contains("dropping claim: its sandbox is gone") && l.contains(&died)),
-        "{log}"
-    );
+    for (id, why) in [
+        (&died, "its QEMU is gone"),
+        (&tampered, "is not in its cgroup"),
+    ] {
+        assert!(
+            log.lines()
+                .any(|l| l.contains("dropping claim: its sandbox is gone")
+                    && l.contains(id.as_str())
+                    && l.contains(why)),
+            "{id}: {why}: {log}"
+        );
+    }
     let mut ids: Vec<String> = kept.iter().map(|k| k.0.clone()).collect();
     ids.sort();
     assert_eq!(restart::recorded_ids(&data), ids);
-    // The two adopted VMs and a fresh warm one: the earlier warm VM, the orphan and the
-    // dead one's run dir and cgroup are gone.
+    // The two adopted VMs and a fresh warm one: the earlier warm VM, the orphan, the
+    // tampered one and the dead one's run dir and cgroup are gone.
     census.wait_for(plus(warm_only, 2)).await;
 
     // SIGTERM with "keep": the claimed VMs keep running, the warm one is destroyed.
@@ -278,5 +294,5 @@ async fn kill_9_then_restart_readopts_vms_drops_the_dead_and_sweeps_the_unowned(
     assert_eq!(census.count(), golden_only);
     assert!(restart::recorded_ids(&data).is_empty());
     assert_eq!(procs_with(&data.display().to_string()), Vec::<u32>::new());
-    drop((first, second, third));
+    drop((first, second, third, bystander));
 }

@@ -69,13 +69,16 @@ pub fn forget(data_dir: &Path, id: &str) {
 }
 
 /// Points a claim's handle at another process (`pid` with its real start time, and as
-/// its namespace init too): what a reused pid, or a tampered file, looks like.
+/// its namespace init too where the handle has one): what a reused pid, or a tampered
+/// file, looks like.
 pub fn point_at(data_dir: &Path, id: &str, pid: u32) {
     let start = start_time(pid).expect("the process to point at is running");
     let mut h = handle(data_dir, id);
     h["pid"] = pid.into();
     h["start_time"] = start.into();
-    h["init"] = serde_json::json!([pid, start]);
+    if !h["init"].is_null() {
+        h["init"] = serde_json::json!([pid, start]);
+    }
     let n = open(data_dir)
         .execute(
             "UPDATE claims SET handle = ?2 WHERE id = ?1",

@@ -41,8 +41,13 @@ pub fn start_time(pid: i32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) may hold spaces and ')': fields resume after the last ')'.
     let rest = &stat[stat.rfind(')')? + 2..];
-    // `rest` starts at field 3 (state); the start time is field 22.
-    rest.split_whitespace().nth(19)?.parse().ok()
+    // `rest` starts at field 3 (state); the start time is field 22. A zombie has exited
+    // (an orphan waits for a reaper that may be slow): gone, whatever its stat says.
+    let mut fields = rest.split_whitespace();
+    if matches!(fields.next()?, "Z" | "X") {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 /// A process held by a pidfd: signals reach it or nothing, never a later process that
@@ -137,5 +142,20 @@ mod tests {
         let waiter = std::thread::spawn(move || child.wait());
         fd.exited().await.unwrap();
         waiter.join().unwrap().unwrap();
+    }
+
+    #[test]
+    fn a_zombie_has_no_start_time() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id() as i32;
+        // Exited but not yet reaped: a zombie, which no record may match.
+        let zombie = (0..1000).any(|_| {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|s| s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
+        });
+        assert!(zombie, "the child never became a zombie");
+        assert_eq!(start_time(pid), None);
+        child.wait().unwrap();
     }
 }
