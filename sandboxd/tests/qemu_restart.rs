@@ -220,25 +220,40 @@ async fn kill_9_then_restart_readopts_vms_drops_the_dead_and_sweeps_the_unowned(
         }
     })
     .await;
-    for id in [&died, &orphan] {
+    for id in [&died, &orphan, &tampered] {
         let r = second
             .call("GET", &format!("/v1/sandboxes/{id}"), Some(ROOT), None)
             .await;
         assert_eq!(r.status, 404, "{id}: {}", r.text());
     }
-    let r = second
-        .exec(&died, &died_token, json!({"argv": ["true"]}))
-        .await;
-    assert_eq!(
-        r.status,
-        401,
-        "a dropped claim's token is unknown: {}",
-        r.text()
-    );
+    for (id, token) in [(&died, &died_token), (&tampered, &tampered_token)] {
+        let r = second.exec(id, token, json!({"argv": ["true"]})).await;
+        assert_eq!(
+            r.status,
+            401,
+            "a dropped claim's token is unknown: {}",
+            r.text()
+        );
+    }
+    // The bystander was never signalled; the real QEMUs no record owns were destroyed.
     assert!(
-        !procs::alive(orphan_pid),
-        "the QEMU no record owns still runs"
+        bystander.try_exit().is_none(),
+        "the bystander was signalled"
     );
+    assert!(!procs::signalled(bystander.pid()));
+    wait_until(
+        Duration::from_secs(10),
+        "QEMUs no record owns dead",
+        async || {
+            testkit::wait::empty(
+                [orphan_pid, tampered_pid]
+                    .into_iter()
+                    .filter(|&p| procs::alive(p))
+                    .collect(),
+            )
+        },
+    )
+    .await;
     let log = second.log_text();
     for (id, why) in [
         (&died, "its QEMU is gone"),

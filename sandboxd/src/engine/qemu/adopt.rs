@@ -290,7 +290,7 @@ mod tests {
             }
             cmd.spawn().unwrap()
         };
-        let found: Vec<i32> = socket_holders(&[ours.clone()])
+        let found: Vec<i32> = socket_holders(std::slice::from_ref(&ours))
             .iter()
             .map(|p| p.pid())
             .collect();
