@@ -155,7 +155,9 @@ pub fn spawn(
         });
     }
     // Not killed with its handle: a VM left running on stop outlives it; every other
-    // path destroys the guest (or its Drop kills it through the pidfd).
+    // path destroys the guest (or its Drop kills it through the pidfd). Once sandboxd is
+    // gone QEMU's writes to its stderr pipe and console socket fail with EPIPE: QEMU
+    // ignores SIGPIPE (seen in its SigIgn here), so they cost it nothing.
     let mut child = match tokio::process::Command::from(cmd)
         .kill_on_drop(false)
         .spawn()
