@@ -111,7 +111,16 @@ async fn interrupted_writes_leave_nothing() {
         }
     ));
     assert!(c.recv_or_close().await.is_none());
-    assert!(!Path::new(&fresh).exists() && leftovers(dir.path()).is_empty());
+    // The write's thread may still be removing its temp file after the close (and an
+    // earlier dropped write may have been read only after the wait above): wait for it.
+    wait_until(Duration::from_secs(20), "temp files removed", async || {
+        leftovers(dir.path())
+            .is_empty()
+            .then_some(())
+            .ok_or("still there")
+    })
+    .await;
+    assert!(!Path::new(&fresh).exists());
 }
 
 #[tokio::test]
