@@ -28,6 +28,8 @@
 //! - [`leftovers`]: counting a process-engine daemon's processes, sandbox dirs, sockets
 //!   and cgroups before and after an attack.
 //! - [`cgroup2`]: a fresh cgroup2 directory for one test, removed with its contents.
+//! - [`overlay_root`]: a shell script chrooted into a throwaway overlay of `/`, to
+//!   install packages without touching the host.
 #![deny(missing_docs)]
 
 pub mod bins;
@@ -40,6 +42,7 @@ pub mod hostile;
 pub mod http;
 pub mod images;
 pub mod leftovers;
+pub mod overlay_root;
 pub mod procs;
 pub mod relay;
 pub mod restart;

@@ -25,12 +25,16 @@ pub(crate) const APT_LISTS: &str = "/var/lib/apt/lists";
 /// installed, its Debian package): add new ones here. QEMU, the one package with a
 /// version requirement, is [`QEMU_PACKAGE`].
 /// `mmdebstrap` and `mkfs.erofs` build Debian templates (`cargo xtask image --template`).
-const PACKAGES: [(&str, &str); 5] = [
+/// `systemd-analyze` checks the packaged unit and `zstd` compresses the packages
+/// (`cargo xtask dist`, `xtask/tests/dist.rs`).
+const PACKAGES: [(&str, &str); 7] = [
     ("bwrap", "bubblewrap"),
     ("file", "file"),
     ("ps", "procps"),
     ("mmdebstrap", "mmdebstrap"),
     ("mkfs.erofs", "erofs-utils"),
+    ("systemd-analyze", "systemd"),
+    ("zstd", "zstd"),
 ];
 
 /// A version's major and minor numbers.

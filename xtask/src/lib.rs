@@ -7,11 +7,13 @@
 //! - [`silkd`]: `cargo xtask build-silkd`, silkd as a static binary for the guest.
 //! - [`image`]: `cargo xtask image`, the guest image built from Debian packages.
 //! - [`bench`]: `cargo xtask bench <name>`.
+//! - [`dist`]: `cargo xtask dist`, the Debian package and tarball for operators.
 //! - [`up`]: `cargo xtask up`, a node from a fresh clone: packages, build, config, start.
 //! - `tool`: running external programs so that a failure names the program.
 
 pub mod bench;
 pub mod deps;
+pub mod dist;
 pub mod image;
 pub mod silkd;
 pub mod test;

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use xtask::{bench, deps, image, silkd, test, up};
+use xtask::{bench, deps, dist, image, silkd, test, up};
 
 #[derive(Parser)]
 #[command(
@@ -31,6 +31,9 @@ enum Task {
     /// Set up and start a node: system packages (as root), release build, guest image,
     /// config under target/up/, sbx configured and on PATH; then sandboxd in the foreground.
     Up,
+    /// The operator's packages in target/dist/: a Debian package and a tarball (release
+    /// sandboxd and sbx, static silkd, the base and default images, the systemd unit), as root.
+    Dist,
     /// Run one benchmark.
     Bench {
         #[command(subcommand)]
@@ -46,6 +49,7 @@ fn main() -> ExitCode {
         Task::Image(args) => image::run(&args),
         Task::Bench { which } => bench::run(which),
         Task::Up => up::run(),
+        Task::Dist => dist::run(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
