@@ -86,7 +86,8 @@ impl Resp {
     }
 }
 
-/// One request on a fresh connection; `token` goes in as a bearer token.
+/// One request on a fresh connection; `token` goes in as a bearer token. Panics when
+/// the connection fails ([`try_call`] does not).
 pub async fn call(
     to: impl Into<Endpoint>,
     method: &str,
@@ -94,6 +95,20 @@ pub async fn call(
     token: Option<&str>,
     body: Option<&str>,
 ) -> Resp {
+    try_call(to, method, path, token, body)
+        .await
+        .unwrap_or_else(|e| panic!("{method} {path}: {e}"))
+}
+
+/// [`call`] that says why no answer came (refused, reset, closed early) instead of
+/// panicking: for clients that outlive a daemon's restart.
+pub async fn try_call(
+    to: impl Into<Endpoint>,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&str>,
+) -> Result<Resp, String> {
     let mut req = Request::builder()
         .method(Method::from_bytes(method.as_bytes()).unwrap())
         .uri(path)
@@ -104,27 +119,36 @@ pub async fn call(
     let req = req
         .body(Full::new(Bytes::from(body.unwrap_or("").to_string())))
         .unwrap();
+    let connect = |e: std::io::Error| format!("connect: {e}");
     match to.into() {
-        Endpoint::Tcp(addr) => send(TcpStream::connect(addr).await.unwrap(), req).await,
-        Endpoint::Unix(path) => send(UnixStream::connect(path).await.unwrap(), req).await,
+        Endpoint::Tcp(addr) => send(TcpStream::connect(addr).await.map_err(connect)?, req).await,
+        Endpoint::Unix(path) => send(UnixStream::connect(path).await.map_err(connect)?, req).await,
     }
 }
 
-async fn send<S>(stream: S, req: Request<Full<Bytes>>) -> Resp
+async fn send<S>(stream: S, req: Request<Full<Bytes>>) -> Result<Resp, String>
 where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .unwrap();
+        .map_err(|e| format!("handshake: {e}"))?;
     tokio::spawn(conn);
-    let resp = sender.send_request(req).await.unwrap();
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("request: {e}"))?;
     let status = resp.status();
     let headers = resp.headers().clone();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    Resp {
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("body: {e}"))?
+        .to_bytes();
+    Ok(Resp {
         status,
         headers,
         body,
-    }
+    })
 }

@@ -57,7 +57,7 @@ pub mod wait;
 
 pub use daemon::{Api, Daemon, DaemonProcess};
 pub use guard::ChildGuard;
-pub use http::{call, Endpoint, Resp};
+pub use http::{call, try_call, Endpoint, Resp};
 pub use setup::{Listen, Setup, ROOT, TENANT_A, TENANT_B};
 pub use silkd::Silkd;
 pub use wait::{bounded, wait_until};

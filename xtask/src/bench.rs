@@ -26,6 +26,16 @@ pub enum Bench {
     /// process-engine sandboxes (as root), then 8 claimed VMs (qemu engine); builds the
     /// guest image first.
     Restart,
+    /// Soak (process engine): 10,000 buffered execs at concurrency 64 over 8 sandboxes, 5%
+    /// of clients hanging up, one sandboxd `kill -9` + restart halfway; prints the counts.
+    Soak {
+        /// 500 execs instead of 10,000.
+        #[arg(long)]
+        quick: bool,
+        /// No kill -9 + restart.
+        #[arg(long)]
+        no_restart: bool,
+    },
     /// Any name that is not a known benchmark.
     #[command(external_subcommand)]
     Unknown(Vec<String>),
@@ -97,6 +107,41 @@ pub fn run(which: Bench) -> Result<()> {
             );
             run_example("bench templates", "bench_templates")
         }
+        Bench::Soak { quick, no_restart } => {
+            image::run(&image::Args::default())?;
+            tool::stream(
+                "build",
+                tool::cargo()
+                    .args([
+                        "build",
+                        "--release",
+                        "-p",
+                        "silkd",
+                        "-p",
+                        "sandboxd",
+                        "--bins",
+                    ])
+                    .current_dir(&root),
+            )?;
+            let mut cmd = tool::cargo();
+            cmd.args([
+                "run",
+                "--release",
+                "-p",
+                "sandboxd",
+                "--example",
+                "bench_soak",
+                "--",
+            ])
+            .current_dir(&root);
+            if quick {
+                cmd.arg("--quick");
+            }
+            if no_restart {
+                cmd.arg("--no-restart");
+            }
+            tool::stream("bench soak", &mut cmd)
+        }
         Bench::Unknown(args) => Err(Error::UnknownBenchmark {
             name: args.first().cloned().unwrap_or_default(),
             known: known().join(", "),
@@ -137,13 +182,15 @@ mod tests {
                 "vm",
                 "templates",
                 "isolation",
-                "restart"
+                "restart",
+                "soak"
             ]
         );
         let err = run(Bench::Unknown(vec!["nope".into()])).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown benchmark `nope`; known benchmarks: exec, exec-memory, vm, templates, isolation, restart"
+            "unknown benchmark `nope`; known benchmarks: exec, exec-memory, vm, templates, isolation, \
+             restart, soak"
         );
     }
 }

@@ -84,10 +84,22 @@ sed -n 's/^api_token = "\(.*\)"$/\1/p' /etc/sandboxd/sandboxd.toml
 echo "== verify"
 systemd-analyze verify /lib/systemd/system/sandboxd.service 2>&1; echo "rc=$?"
 echo "== serve"
+# The unit's confinement, as far as it can be had without systemd as PID 1 here:
+# NoNewPrivileges (setpriv), ProtectSystem=strict with StateDirectory and
+# RuntimeDirectory (a read-only root but for /var/lib/sandboxd; /run, /tmp, /dev/shm are
+# this namespace's own tmpfs), ProtectHome (empty read-only /home and /root).
 token=$(sed -n 's/^api_token = "\(.*\)"$/\1/p' /etc/sandboxd/sandboxd.toml)
-unshare --net sh -c '
+unshare --net --mount sh -c '
+    set -e
     ip link set lo up
-    /usr/bin/sandboxd --config /etc/sandboxd/sandboxd.toml 2>/tmp/sandboxd.log & pid=$!
+    mount --bind /var/lib/sandboxd /var/lib/sandboxd
+    mount -o remount,bind,ro /
+    mount -t tmpfs -o ro protect-home /home
+    mount -t tmpfs -o ro protect-home /root
+    mkdir -p /run/sandboxd-stage
+    set +e
+    setpriv --no-new-privs /usr/bin/sandboxd --config /etc/sandboxd/sandboxd.toml \
+        2>/tmp/sandboxd.log & pid=$!
     n=0
     until curl -sf http://127.0.0.1:7777/healthz >/dev/null; do
         n=$((n + 1))
@@ -96,7 +108,8 @@ unshare --net sh -c '
         fi
         sleep 0.05
     done
-    curl -s -o /dev/null -w "info with token: %{http_code}\n" -H "Authorization: Bearer $1" \
+    auth="Authorization: Bearer $1"
+    curl -s -o /dev/null -w "info with token: %{http_code}\n" -H "$auth" \
         http://127.0.0.1:7777/v1/info
     curl -s -o /dev/null -w "info with a wrong token: %{http_code}\n" \
         -H "Authorization: Bearer not-the-token-0000" http://127.0.0.1:7777/v1/info

@@ -81,7 +81,11 @@ pub fn build(inputs: &Inputs, out: &Path, progress: &Progress) -> Result<Outputs
     progress.step(&format!("tar → {}", tarball.display()));
     tool::output(
         Command::new("tar")
-            .args(["--use-compress-program=zstd -T0 -3", "--numeric-owner", "-cf"])
+            .args([
+                "--use-compress-program=zstd -T0 -3",
+                "--numeric-owner",
+                "-cf",
+            ])
             .arg(&tarball)
             .arg(format!("--exclude={name}/DEBIAN"))
             .arg("-C")
