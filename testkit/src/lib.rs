@@ -28,6 +28,7 @@
 //! - [`leftovers`]: counting a process-engine daemon's processes, sandbox dirs, sockets
 //!   and cgroups before and after an attack.
 //! - [`cgroup2`]: a fresh cgroup2 directory for one test, removed with its contents.
+//! - [`tmpfs`]: a small tmpfs of a test's own, and a filler that makes it full.
 //! - [`overlay_root`]: a shell script chrooted into a throwaway overlay of `/`, to
 //!   install packages without touching the host.
 #![deny(missing_docs)]
@@ -50,6 +51,7 @@ pub mod sdk;
 pub mod setup;
 pub mod silkd;
 pub mod silkd_files;
+pub mod tmpfs;
 pub mod vm;
 pub mod vm_disk;
 pub mod vm_leftovers;

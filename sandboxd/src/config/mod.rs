@@ -240,11 +240,13 @@ impl Config {
         let config = Config::parse(&text)?;
         // Tokens in a file others can read are everyone's tokens. Warned, not refused: the
         // operator may have reasons (a config-management agent's group), the log says so.
+        // Group read alone is a choice someone made by naming the group (the package's
+        // `root:sandboxd 0640` lets the operators in group sandboxd read the root token).
         if let Ok(meta) = std::fs::metadata(path) {
             use std::os::unix::fs::PermissionsExt;
             let mode = meta.permissions().mode() & 0o777;
             let secrets = config.api_token.is_some() || !config.tenants.is_empty();
-            if secrets && mode & 0o077 != 0 {
+            if secrets && mode & 0o027 != 0 {
                 tracing::warn!(
                     "{} holds tokens but has mode {mode:03o}; make it 0600 (chmod 600)",
                     path.display()

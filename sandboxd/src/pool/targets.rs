@@ -123,7 +123,11 @@ pub(super) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes)
         .and_then(|()| std::fs::rename(&tmp, path))
-        .map_err(Error::io(format!("writing {}", path.display())))
+        .map_err(|e| {
+            // A write that failed part way (ENOSPC) must not leave its half behind.
+            let _ = std::fs::remove_file(&tmp);
+            Error::io(format!("writing {}", path.display()))(e)
+        })
 }
 
 #[cfg(test)]
