@@ -62,6 +62,7 @@ async fn a_full_data_dir_fails_the_golden_cleanly_and_a_later_retry_builds_it() 
         &Setup {
             warm: 1,
             default_ttl_seconds: 120,
+            max_output_bytes: 4 * 1024 * 1024,
             warmup: Some(
                 r#"["sh", "-c", "while [ ! -e /run/silkd/go ]; do sleep 0.05; done"]"#.into(),
             ),
@@ -103,19 +104,34 @@ async fn a_full_data_dir_fails_the_golden_cleanly_and_a_later_retry_builds_it() 
     assert_eq!(files_named(&goldens, ".tmp"), Vec::<String>::new());
     assert_eq!(files_named(&goldens, "stamp"), Vec::<String>::new());
 
-    // A claim while the whole data directory is full: the sandbox cannot start (its
-    // silkd dies writing its log), the claim fails with a JSON error, and what it started
-    // is gone. Found here, not fixed: the answer is a 500 (the engine cannot tell ENOSPC
-    // from any other early exit of bwrap); a 503 would be the right status.
+    // A claim while the whole data directory is full: a process sandbox writes nothing
+    // there but empty files, a socket and its log (whose writes fail and are dropped), so
+    // it starts and serves.
     let filler = disk.fill("filler");
     let r = d
         .call("POST", "/v1/claim", Some(testkit::ROOT), Some("{}"))
         .await;
-    assert_eq!(r.status, 500, "{}", r.text());
-    assert!(r.json()["error"]
+    assert_eq!(r.status, 200, "{}", r.text());
+    let (full_id, full_token) = (
+        r.json()["id"].as_str().unwrap().to_string(),
+        r.json()["token"].as_str().unwrap().to_string(),
+    );
+    echo(&d, &full_id, &full_token, "claimed on a full disk").await;
+    // Output past the node's memory budget spills to data_dir/spill, which is full.
+    let big = d
+        .exec(
+            &full_id,
+            &full_token,
+            json!({"argv": ["head", "-c", "3000000", "/dev/zero"]}),
+        )
+        .await;
+    // The node is out of space for now: 503 with Retry-After, not an internal error.
+    assert_eq!(big.status, 503, "{}", big.text());
+    assert_eq!(big.headers["retry-after"], "5");
+    assert!(big.json()["error"]
         .as_str()
         .unwrap()
-        .contains("bwrap exited early"));
+        .contains("data_dir is full"));
     // The bystander is untouched.
     echo(&d, &id, &token, "bystander on a full disk").await;
 

@@ -80,6 +80,10 @@ pub fn init_logging() {
         .with_env_filter(filter)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
+        // A stderr that cannot be written (the process engine's log file on a full disk)
+        // must not kill the agent: by default a failed write is reported with eprintln!,
+        // which panics when stderr itself fails.
+        .log_internal_errors(false)
         .try_init();
 }
 

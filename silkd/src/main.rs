@@ -1,5 +1,7 @@
 //! silkd entry point: parse flags, do PID-1 duties when we are init, then serve.
 
+use std::io::Write;
+
 use clap::Parser;
 
 fn main() -> std::process::ExitCode {
@@ -16,7 +18,11 @@ fn main() -> std::process::ExitCode {
             };
             if let Err(e) = silkd::init::switch_to_disk(&disk) {
                 // Init exiting panics the kernel: the boot fails with this on the console.
-                eprintln!("silkd: switching root to {}: {e}", device.display());
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "silkd: switching root to {}: {e}",
+                    device.display()
+                );
                 return std::process::ExitCode::FAILURE;
             }
         }
@@ -24,7 +30,8 @@ fn main() -> std::process::ExitCode {
     match silkd::serve_blocking(args) {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("silkd: {e}");
+            // Not eprintln!: it panics when stderr cannot be written (a full disk).
+            let _ = writeln!(std::io::stderr(), "silkd: {e}");
             std::process::ExitCode::FAILURE
         }
     }

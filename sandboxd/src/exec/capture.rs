@@ -130,16 +130,15 @@ impl Captured {
             data
         };
         if self.spill.is_none() {
-            let file = tempfile::tempfile_in(&self.spill_dir).map_err(Error::io(format!(
-                "spill file in {}",
-                self.spill_dir.display()
-            )))?;
+            let file = tempfile::tempfile_in(&self.spill_dir).map_err(|e| {
+                spill_error(e, format!("spill file in {}", self.spill_dir.display()))
+            })?;
             self.spill = Some(tokio::fs::File::from_std(file));
         }
         let file = self.spill.as_mut().expect("spill file just set");
         file.write_all(&data)
             .await
-            .map_err(Error::io("writing spill file"))?;
+            .map_err(|e| spill_error(e, "writing spill file".into()))?;
         metrics.exec_spilled_bytes.inc_by(n);
         Ok(())
     }
@@ -239,6 +238,19 @@ impl Utf8Check {
 
     fn is_valid(&self) -> bool {
         !self.invalid && self.pending.is_empty()
+    }
+}
+
+/// A spill that failed because `data_dir` is full is the node out of a resource for now
+/// (503, retry later), not an internal error: the command is killed like any give-up.
+fn spill_error(e: std::io::Error, context: String) -> Error {
+    if e.raw_os_error() == Some(libc::ENOSPC) {
+        Error::Busy {
+            reason: "data_dir is full: output past the memory budget cannot spill".into(),
+            retry_after: 5,
+        }
+    } else {
+        Error::io(context)(e)
     }
 }
 
