@@ -295,6 +295,14 @@ impl Store {
 }
 
 fn store_error(path: &Path, e: rusqlite::Error) -> Error {
+    // A full data_dir is the node out of a resource for now (503, retry later), not an
+    // internal error: the change was not recorded, so it is refused whole.
+    if e.sqlite_error_code() == Some(rusqlite::ErrorCode::DiskFull) {
+        return Error::Busy {
+            reason: "data_dir is full: the change cannot be recorded".into(),
+            retry_after: 5,
+        };
+    }
     Error::Store {
         path: path.display().to_string(),
         message: e.to_string(),

@@ -104,10 +104,9 @@ async fn a_full_data_dir_fails_the_golden_cleanly_and_a_later_retry_builds_it() 
     assert_eq!(files_named(&goldens, ".tmp"), Vec::<String>::new());
     assert_eq!(files_named(&goldens, "stamp"), Vec::<String>::new());
 
-    // A claim while the whole data directory is full: a process sandbox writes nothing
-    // there but empty files, a socket and its log (whose writes fail and are dropped), so
-    // it starts and serves.
-    let filler = disk.fill("filler");
+    // A sandbox claimed while there is space, then the whole data directory fills. A
+    // claim now cannot be recorded in the state database: it is refused whole (503 +
+    // Retry-After, no guest left behind), not half-made and not an internal error.
     let r = d
         .call("POST", "/v1/claim", Some(testkit::ROOT), Some("{}"))
         .await;
@@ -116,7 +115,19 @@ async fn a_full_data_dir_fails_the_golden_cleanly_and_a_later_retry_builds_it() 
         r.json()["id"].as_str().unwrap().to_string(),
         r.json()["token"].as_str().unwrap().to_string(),
     );
-    echo(&d, &full_id, &full_token, "claimed on a full disk").await;
+    let filler = disk.fill("filler");
+    let r = d
+        .call("POST", "/v1/claim", Some(testkit::ROOT), Some("{}"))
+        .await;
+    assert_eq!(r.status, 503, "{}", r.text());
+    assert_eq!(r.headers["retry-after"], "5");
+    assert!(r.json()["error"]
+        .as_str()
+        .unwrap()
+        .contains("data_dir is full"));
+    // A process sandbox writes nothing on data_dir but its log (whose writes fail and are
+    // dropped) once started, so the one claimed before serves on.
+    echo(&d, &full_id, &full_token, "claimed before the disk filled").await;
     // Output past the node's memory budget spills to data_dir/spill, which is full.
     let big = d
         .exec(

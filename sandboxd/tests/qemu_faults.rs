@@ -19,6 +19,8 @@ fn config(data: &Path, mem_dir: &Path) -> String {
 data_dir = "{data}"
 api_token = "{ROOT}"
 engine = "qemu"
+# A stopped test daemon leaves nothing behind (the default keeps claimed VMs).
+on_stop = "destroy"
 boot_timeout_seconds = 60
 default_ttl_seconds = 900
 max_ttl_seconds = 900
