@@ -23,7 +23,8 @@ use sandboxd::engine::{Engine, Guest, GuestSpec};
 const RUNS: usize = 5;
 const IDLE_CLONES: usize = 5;
 const MEMORY_MIB: u64 = 384;
-const DISK_MIB: u64 = 256;
+/// At most half of the guest's RAM (sandboxd's config check for qemu).
+const DISK_MIB: u64 = 192;
 const BOUND: Duration = Duration::from_secs(240);
 /// What a pool's warmup would run: the runtimes' common modules, page-cache resident.
 const WARMUP: &str = "python3 -c 'import json, os, re, subprocess, pathlib' && node -e 0";

@@ -11,7 +11,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use testkit::leftovers::Census;
 use testkit::procs::{self, marker, procs_with, wait_running};
-use testkit::setup::uid_range;
+use testkit::setup::{uid_range, UID_BLOCK};
 use testkit::{wait_until, Api, Daemon, DaemonProcess, Setup, ROOT};
 
 /// What one command in a sandbox gave back.
@@ -106,7 +106,11 @@ async fn the_node_and_other_sandboxes_are_out_of_reach() {
     let a_pid = park(&d, &a, 2).await;
     let (a_uid, b_uid) = (uid_of(a_pid), uid_of(b_pid));
     assert!(uid_range(&data).contains(&a_uid) && uid_range(&data).contains(&b_uid));
-    assert_ne!(a_uid, b_uid, "each sandbox has its own host uid");
+    // Root in each (busybox: no template user) is the first uid of its own block.
+    assert!(
+        a_uid.abs_diff(b_uid) >= UID_BLOCK,
+        "blocks overlap: {a_uid} and {b_uid} ({UID_BLOCK} ids each)"
+    );
     let r = sh(&d, &b, "echo secret-of-b > /tmp/secret", 10).await;
     assert_eq!(r.exit, Some(0), "{r:?}");
     let b_dir = std::fs::read_dir(data.join("sandboxes"))
@@ -168,11 +172,12 @@ async fn the_node_and_other_sandboxes_are_out_of_reach() {
     // As if a mount had leaked B's paths into A: A's host uid still can neither signal
     // B's process nor read B's files or socket directory. Root can (the paths are right).
     // (std's `uid()` also drops the supplementary groups when run as root.)
-    let as_a = |prog: &str, arg: &str| {
+    // Any id of A's block: its root (the first) and its last.
+    let as_a_id = |id: u32, prog: &str, arg: &str| {
         let out = std::process::Command::new(prog)
             .arg(arg)
-            .uid(a_uid)
-            .gid(a_uid)
+            .uid(id)
+            .gid(id)
             .output()
             .unwrap();
         (
@@ -180,10 +185,13 @@ async fn the_node_and_other_sandboxes_are_out_of_reach() {
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     };
+    let as_a = |prog: &str, arg: &str| as_a_id(a_uid, prog, arg);
     let b_secret = format!("/proc/{b_pid}/root/tmp/secret");
     assert_eq!(std::fs::read_to_string(&b_secret).unwrap(), "secret-of-b\n");
-    let (ok, err) = as_a("cat", &b_secret);
-    assert!(!ok && err.contains("Permission denied"), "{err}");
+    for id in [a_uid, a_uid + UID_BLOCK - 1] {
+        let (ok, err) = as_a_id(id, "cat", &b_secret);
+        assert!(!ok && err.contains("Permission denied"), "{id}: {err}");
+    }
     let (ok, err) = as_a("ls", &b_dir.join("sock").display().to_string());
     assert!(!ok && err.contains("Permission denied"), "{err}");
     let out = std::process::Command::new("kill")
@@ -357,10 +365,11 @@ async fn filling_the_disk_and_tmp_gives_enospc() {
     d.stop().await;
 }
 
-/// Inside: root of its own user namespace with no capabilities, no_new_privs, the seccomp
-/// filter loaded, new user namespaces and mounts denied with EPERM. The measuring
-/// opt-out turns the filter off, and the second layer (bwrap's --disable-userns) still
-/// refuses new user namespaces.
+/// Inside: root of its own user namespace (the first uid of its block) with only the
+/// capabilities root's work on its own files needs (never CAP_SYS_ADMIN), no_new_privs,
+/// the seccomp filter loaded, new user namespaces and mounts denied with EPERM. The
+/// measuring opt-out turns the filter off, and the second layer (the namespace's
+/// max_user_namespaces of 0) still refuses new user namespaces.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seccomp_and_the_user_namespace_hold() {
     let script = "id -u; grep -E '^(Seccomp|NoNewPrivs|CapEff|CapBnd):' /proc/self/status; \
@@ -374,8 +383,10 @@ async fn seccomp_and_the_user_namespace_hold() {
         "0\n",
         "Seccomp:\t2",
         "NoNewPrivs:\t1",
-        "CapEff:\t0000000000000000",
-        "CapBnd:\t0000000000000000",
+        // CHOWN DAC_OVERRIDE DAC_READ_SEARCH FOWNER FSETID KILL SETGID SETUID (0-7),
+        // NET_BIND_SERVICE (10): in the sandbox's user namespace only.
+        "CapEff:\t00000000000004ff",
+        "CapBnd:\t00000000000004ff",
         "unshare(0x10000000): Operation not permitted",
         "unshare_user=1",
         "unshare_mount=1",
@@ -386,6 +397,20 @@ async fn seccomp_and_the_user_namespace_hold() {
     assert!(!r.out.contains("mount=0"), "{r:?}");
     let pid = park(&d, &a, 5).await;
     assert!(uid_range(&d.dir).contains(&uid_of(pid)));
+    // Those capabilities are in its own user namespace, which maps exactly its block:
+    // never host root, nothing outside the block.
+    let ns = |p: &str| std::fs::read_link(format!("/proc/{p}/ns/user")).unwrap();
+    assert_ne!(ns(&pid.to_string()), ns("self"));
+    for map in ["uid_map", "gid_map"] {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/{map}")).unwrap();
+        let fields: Vec<&str> = text.split_whitespace().collect();
+        let want = [
+            "0".to_string(),
+            uid_of(pid).to_string(),
+            UID_BLOCK.to_string(),
+        ];
+        assert_eq!(fields, want, "{map}: {text}");
+    }
     d.stop().await;
 
     let d = Daemon::start(Setup {

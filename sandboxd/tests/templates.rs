@@ -1,16 +1,20 @@
 //! The `default` template (Debian, python3, pip, node, git, user `user`) on the process
 //! engine, through a real sandboxd, silkd and bwrap: commands run as the template's user
-//! in its home, with a writable home and /tmp over a read-only tree, private to each
-//! sandbox and bounded by `disk_mib`; a wheel installs offline; bad users are 400s.
+//! in its home, or as root, each as a host uid of the sandbox's own block; a writable
+//! home and /tmp over a read-only tree, private to each sandbox and bounded in total by
+//! `disk_mib`; a wheel installs offline; bad users are 400s.
 //! Needs `target/images/default` (`cargo xtask image --template default`).
 
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use std::os::unix::fs::MetadataExt;
 use testkit::images::template_image;
+
 use testkit::leftovers::Census;
-use testkit::setup::uid_range;
-use testkit::{Api, Daemon, Setup, ROOT};
+use testkit::procs::{marker, procs_with, status_field, wait_running};
+use testkit::setup::{uid_range, UID_BLOCK};
+use testkit::{wait_until, Api, Daemon, Setup, ROOT};
 
 /// One command's answer.
 #[derive(Debug)]
@@ -98,21 +102,71 @@ async fn runtimes_run_as_the_template_user_in_its_home() {
     .await;
     let r = sh(&d, &a, "touch /usr/x 2>&1; touch /etc/x 2>&1; true").await;
     assert_eq!(r.out.matches("Read-only file system").count(), 2, "{r:?}");
-    // A request's user: by name or uid when it is the sandbox's one id.
-    for who in ["user", "1000"] {
+    // A request's user, by name or uid: the template's, or root.
+    for (who, is) in [
+        ("user", "user"),
+        ("1000", "user"),
+        ("root", "root"),
+        ("0", "root"),
+    ] {
         let body = json!({"argv": ["whoami"], "user": who});
         let r = run(&d, &a, body).await;
-        assert_eq!((r.status, r.out.as_str()), (200, "user\n"), "{who}: {r:?}");
+        assert_eq!((r.status, r.out.trim()), (200, is), "{who}: {r:?}");
     }
+    // Root inside can do root's work on the sandbox's own files, still not on the tree.
+    let root = |script: &str| json!({"argv": ["bash", "-c", script], "user": "root"});
+    let r = run(
+        &d,
+        &a,
+        root("chown root ~user/f && stat -c %U ~user/f && touch /usr/x"),
+    )
+    .await;
+    assert_eq!(r.exit, Some(1), "{r:?}");
+    assert!(
+        r.out.starts_with("root\n") && r.out.contains("Read-only"),
+        "{r:?}"
+    );
+    // sudo is setuid: no_new_privs (kept for every sandbox) stops it.
+    let r = sh(&d, &a, "sudo -n true 2>&1; echo rc=$?").await;
+    assert!(!r.out.contains("rc=0"), "sudo must not work: {r:?}");
+    // On the host, what root and the user write belongs to the sandbox's block: its first
+    // uid (root inside) and that plus 1000 (the user); never host root, never outside.
+    ok(&d, &a, "touch /tmp/by-user").await;
+    let m = marker(1);
+    let (api, sandbox, m2) = ((*d).clone(), a.clone(), m.clone());
+    let parked = tokio::spawn(async move {
+        let script = format!("touch /tmp/by-root && exec sleep {m2}");
+        run(&api, &sandbox, root(&script)).await
+    });
+    wait_running(&m).await;
+    // The marker is in bash's argv before it runs touch: wait for the exec'd sleep.
+    let pid = wait_until(Duration::from_secs(30), "the root sleep", async || {
+        procs_with(&m).into_iter().find(|p| {
+            std::fs::read_to_string(format!("/proc/{p}/comm")).is_ok_and(|c| c == "sleep\n")
+        })
+    })
+    .await;
+    let first = status_field(pid, "Uid:").unwrap() as u32;
+    let range = uid_range(&d.dir);
+    assert!(
+        range.contains(&first) && (first - range.start) % UID_BLOCK == 0,
+        "{first}"
+    );
+    let owner = |f: &str| std::fs::metadata(format!("/proc/{pid}/root/tmp/{f}")).unwrap();
+    assert_eq!(
+        (owner("by-root").uid(), owner("by-root").gid()),
+        (first, first)
+    );
+    assert_eq!(owner("by-user").uid(), first + 1000);
     // cwd still wins over the template's workdir.
     let r = run(&d, &a, json!({"argv": ["pwd"], "cwd": "/tmp"})).await;
     assert_eq!(r.out, "/tmp\n", "{r:?}");
     release(&d, &a.0).await;
+    parked.await.unwrap();
     d.stop().await;
 }
 
-/// Unknown and hostile users are 400s with a typed error; on the process engine (one
-/// uid per sandbox) another real user is too, saying why; the sandbox serves on.
+/// Unknown and hostile users are 400s with a typed error; the sandbox serves on.
 #[tokio::test(flavor = "multi_thread")]
 async fn bad_users_are_400s() {
     let d = Daemon::start(setup()).await;
@@ -120,7 +174,6 @@ async fn bad_users_are_400s() {
     for (who, says) in [
         (json!("nosuchuser"), "unknown user"),
         (json!("4242"), "unknown user"),
-        (json!("root"), "cannot run as"),
         (json!(""), "user must be"),
         (json!("a\u{0}b"), "user must be"),
         (json!(5), ""),
@@ -156,8 +209,9 @@ async fn writes_are_private_to_one_sandbox() {
     d.stop().await;
 }
 
-/// Filling the home past `disk_mib` is ENOSPC inside; the node and the sandbox go on,
-/// the host's disk takes nothing, and nothing is left behind.
+/// `disk_mib` bounds the writable directories together: filling /tmp, then the home, is
+/// ENOSPC at the total (and /dev/shm is full too); the node and the sandbox go on, the
+/// host's disk takes nothing, and nothing is left behind.
 #[tokio::test(flavor = "multi_thread")]
 async fn writing_past_disk_mib_is_enospc_and_the_node_is_fine() {
     let d = Daemon::start(setup()).await;
@@ -169,13 +223,26 @@ async fn writing_past_disk_mib_is_enospc_and_the_node_is_fine() {
     let r = sh(
         &d,
         &a,
-        "dd if=/dev/zero of=$HOME/fill bs=1M count=100 2>&1; echo rc=$?; \
-         echo size=$(($(wc -c < $HOME/fill) / 1048576)); rm $HOME/fill",
+        "dd if=/dev/zero of=/tmp/fill bs=1M count=40 2>/dev/null; echo tmp=$?; \
+         dd if=/dev/zero of=$HOME/fill bs=1M count=100 2>&1; echo rc=$?; \
+         echo x > /dev/shm/x || echo shm=full; \
+         echo home=$(($(wc -c < $HOME/fill) / 1048576)); \
+         echo total=$((($(wc -c < $HOME/fill) + $(wc -c < /tmp/fill)) / 1048576)); \
+         rm $HOME/fill /tmp/fill",
     )
     .await;
+    assert!(r.out.contains("tmp=0"), "40 MiB fit in /tmp: {r:?}");
     assert!(r.out.contains("No space left on device"), "{r:?}");
-    assert!(r.out.contains("rc=1"), "{r:?}");
-    assert!(r.out.contains("size=6"), "filled to about 64 MiB: {r:?}");
+    assert!(
+        r.out.contains("rc=1") && r.out.contains("shm=full"),
+        "{r:?}"
+    );
+    // 64 MiB in all (less the seeded dotfiles), so the home took about 24.
+    assert!(r.out.contains("home=2"), "home filled to the rest: {r:?}");
+    assert!(
+        r.out.contains("total=6"),
+        "filled to about 64 MiB in all: {r:?}"
+    );
     assert_eq!(ok(&d, &a, "echo fine > ~/f && cat ~/f").await, "fine\n");
     let b = d.claim().await;
     assert_eq!(ok(&d, &b, "echo alive").await, "alive\n");

@@ -60,6 +60,11 @@ pub struct Args {
     /// engine seeds its fresh /home from the template's). Repeatable.
     #[arg(long = "seed", value_parser = seed::parse_flag)]
     pub seed: Vec<(PathBuf, PathBuf)>,
+    /// A directory handed to `--user` at start, after seeding (owner of it and all it
+    /// holds): the process engine's silkd is root in its sandbox and made the user's home
+    /// as root. Repeatable; needs `--user`.
+    #[arg(long = "own", requires = "user")]
+    pub own: Vec<PathBuf>,
 
     /// As PID 1: a block device holding the template's read-only erofs root. silkd mounts
     /// it under an overlay whose writable layer is a tmpfs of `--disk-mib`, and switches
@@ -110,6 +115,10 @@ pub async fn serve(args: Args) -> Result<()> {
         // not on every command.
         let a = proc::user::lookup(who)?;
         tracing::info!(user = %a.name, uid = a.uid, "commands run as the template's user");
+        for dir in &args.own {
+            let n = seed::hand_over(dir, a.uid, a.gid);
+            tracing::info!(dir = %dir.display(), entries = n, "handed to the user");
+        }
     }
     proc::user::set_defaults(proc::user::Defaults {
         user: args.user.clone(),

@@ -83,6 +83,33 @@ fn copy_dir(src: &Path, dst: &Path, depth: usize, copied: &mut usize) {
     }
 }
 
+/// Makes `uid:gid` the owner of `dir` and everything below it (links themselves, never
+/// what they point to), within the same bounds as seeding. Failures are warnings, as for
+/// seeding. Returns how many entries changed owner.
+pub fn hand_over(dir: &Path, uid: u32, gid: u32) -> usize {
+    let mut done = 0;
+    chown_tree(dir, uid, gid, 0, &mut done);
+    done
+}
+
+fn chown_tree(path: &Path, uid: u32, gid: u32, depth: usize, done: &mut usize) {
+    if depth > MAX_DEPTH || *done >= MAX_ENTRIES {
+        tracing::warn!(path = %path.display(), "hand over: past the bounds, stopped");
+        return;
+    }
+    if let Err(e) = std::os::unix::fs::lchown(path, Some(uid), Some(gid)) {
+        tracing::warn!(path = %path.display(), "hand over: {e}");
+        return;
+    }
+    *done += 1;
+    let is_dir = path.symlink_metadata().is_ok_and(|m| m.is_dir());
+    if let (true, Ok(entries)) = (is_dir, std::fs::read_dir(path)) {
+        for entry in entries.flatten() {
+            chown_tree(&entry.path(), uid, gid, depth + 1, done);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -112,6 +139,27 @@ mod tests {
         assert_eq!(mode & 0o777, 0o640);
         assert!(d.join(".cache").is_dir());
         assert_eq!(std::fs::read_to_string(d.join("link")).unwrap(), "mine");
+    }
+
+    /// As the test's own user (root or not), handing to one's own ids changes nothing
+    /// but still walks the tree; links are not followed out of it.
+    #[test]
+    fn hand_over_walks_the_tree_without_following_links() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let d = dir.path().join("home");
+        std::fs::create_dir_all(d.join("a/b")).unwrap();
+        std::fs::write(d.join("a/b/f"), "x").unwrap();
+        std::os::unix::fs::symlink(outside.path(), d.join("out")).unwrap();
+        std::fs::write(outside.path().join("g"), "y").unwrap();
+        let me = std::fs::metadata(&d).unwrap();
+        // home, a, a/b, a/b/f, out (the link itself); never outside/g.
+        assert_eq!(hand_over(&d, me.uid(), me.gid()), 5);
+        assert_eq!(
+            hand_over(Path::new("/nonexistent/home"), me.uid(), me.gid()),
+            0
+        );
     }
 
     #[test]

@@ -167,7 +167,7 @@ warm_max = {warm_max}
         ));
         let uids = uid_range(data_dir);
         t.push_str(&format!(
-            "\n[process]\nuid_base = {}\nuid_count = {}\n",
+            "\n[process]\nuid_base = {}\nuid_count = {}\nuid_block = {UID_BLOCK}\n",
             uids.start,
             uids.end - uids.start
         ));
@@ -188,15 +188,22 @@ warm_max = {warm_max}
     }
 }
 
+/// Uids per process-engine sandbox in test daemons (`[process] uid_block`): enough for
+/// root and the `default` template's user (1000), small enough that every test daemon
+/// gets a range of its own.
+pub const UID_BLOCK: u32 = 1024;
+
 /// The sandbox uids of the test daemon whose data dir is `data_dir`: a range of its own
-/// (picked from the path), so that tests running side by side never share a uid and a
-/// test can tell its own sandboxes' processes by uid.
+/// (picked from the path) of 32 blocks, so that tests running side by side never share a
+/// uid and a test can tell its own sandboxes' processes by uid. Below the qemu engine's
+/// default range (2,100,000,000).
 pub fn uid_range(data_dir: &Path) -> std::ops::Range<u32> {
     use std::hash::{Hash, Hasher};
     let mut h = std::collections::hash_map::DefaultHasher::new();
     data_dir.hash(&mut h);
-    let start = 2_000_000_000 + (h.finish() % 16_384) as u32 * 1024;
-    start..start + 1024
+    let width = 32 * UID_BLOCK;
+    let start = 2_000_000_000 + (h.finish() % 3_000) as u32 * width;
+    start..start + width
 }
 
 /// How a test daemon listens.

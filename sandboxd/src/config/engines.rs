@@ -16,12 +16,18 @@ pub struct ProcessConfig {
     #[serde(default = "cgroup_root")]
     pub cgroup_root: PathBuf,
     /// First host uid (and gid) of the range sandboxes run under when sandboxd is root:
-    /// one per sandbox, owning nothing on the host. Far above any real user's.
+    /// a block of `uid_block` per sandbox, owning nothing on the host. Far above any real
+    /// user's.
     #[serde(default = "uid_base")]
     pub uid_base: u32,
-    /// How many uids the range holds (so at most this many sandboxes at once).
+    /// How many uids the range holds (so at most `uid_count / uid_block` sandboxes at
+    /// once).
     #[serde(default = "uid_count")]
     pub uid_count: u32,
+    /// Uids per sandbox: its user namespace maps ids `0 .. uid_block` to its block, so
+    /// commands can run as root or any user of the template whose uid is below it.
+    #[serde(default = "uid_block")]
+    pub uid_block: u32,
     /// UNSAFE: accept a template rootfs that contains the node's own files (`/`, or any
     /// tree holding `data_dir` or the config file): sandboxes can then read them.
     #[serde(default, skip_serializing_if = "is_false")]
@@ -47,6 +53,7 @@ impl Default for ProcessConfig {
             cgroup_root: cgroup_root(),
             uid_base: uid_base(),
             uid_count: uid_count(),
+            uid_block: uid_block(),
             unsafe_host_rootfs: false,
             allow_missing_cgroups: false,
             unsafe_no_seccomp: false,
@@ -161,6 +168,13 @@ fn uid_base() -> u32 {
 }
 
 fn uid_count() -> u32 {
+    // 1024 sandboxes of 65,536 ids, ending at 2,067,108,864: below the qemu engine's
+    // range (2,100,000,000).
+    1024 * uid_block()
+}
+
+fn uid_block() -> u32 {
+    // The whole 16-bit id space, as container runtimes give (nobody is 65534).
     65_536
 }
 

@@ -113,6 +113,42 @@ impl Config {
                 p.uid_base, p.uid_count
             ));
         }
+        if p.uid_block == 0 || p.uid_block > p.uid_count {
+            return bad(format!(
+                "[process] uid_block {} must be at least 1 and at most uid_count {}",
+                p.uid_block, p.uid_count
+            ));
+        }
+        if self.engine == EngineKind::Process {
+            for (name, t) in &self.templates {
+                // Its user namespace maps ids 0 .. uid_block: the template's user must be
+                // one of them, or no command could run as it.
+                if let Some(u) = t
+                    .meta
+                    .user
+                    .as_ref()
+                    .filter(|u| u.uid.max(u.gid) >= p.uid_block)
+                {
+                    return bad(format!(
+                        "template {name:?}: its user {:?} (uid {}, gid {}) is outside the                          ids 0..{} a sandbox maps; raise [process] uid_block",
+                        u.name, u.uid, u.gid, p.uid_block
+                    ));
+                }
+            }
+        }
+        // On qemu the writable layer of a template with a root disk is a tmpfs in guest
+        // RAM: at or near memory_mib, filling it would starve the guest's kernel and the
+        // page cache the template's programs run from instead of giving ENOSPC.
+        if self.engine == EngineKind::Qemu && self.templates.values().any(has_root_disk) {
+            for (name, s) in &self.sizes {
+                if s.disk_mib.saturating_mul(2) > s.memory_mib {
+                    return bad(format!(
+                        "size {name:?}: disk_mib {} must be at most half of memory_mib {} on                          the qemu engine (a template's writable layer lives in guest RAM)",
+                        s.disk_mib, s.memory_mib
+                    ));
+                }
+            }
+        }
         for (name, s) in &self.sizes {
             if s.cpus == 0 || s.memory_mib == 0 || s.max_pids == 0 || s.disk_mib == 0 {
                 return bad(format!(
@@ -284,6 +320,13 @@ impl Config {
     }
 }
 
+/// True when the template's image has a root disk (`template.rootfs_image`) for qemu.
+fn has_root_disk(t: &super::TemplateConfig) -> bool {
+    t.image
+        .as_deref()
+        .is_some_and(|i| matches!(crate::engine::qemu::root_disk(i), Ok(Some(_))))
+}
+
 /// `path` with symlinks resolved; for a path that does not exist yet (a fresh data_dir),
 /// its nearest existing ancestor resolved plus the rest.
 fn real_path(path: &Path) -> Option<PathBuf> {
@@ -295,5 +338,103 @@ fn real_path(path: &Path) -> Option<PathBuf> {
         }
         rest.push(at.file_name()?);
         at = at.parent()?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An image directory as `cargo xtask image` leaves it; `disk` adds a root disk
+    /// (`template.rootfs_image`), as `default` has.
+    fn image(disk: bool) -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        for f in ["vmlinuz", "initramfs.cpio.gz", "rootfs.erofs"] {
+            std::fs::write(dir.path().join(f), "x").unwrap();
+        }
+        std::fs::create_dir(dir.path().join("rootfs")).unwrap();
+        let disk = if disk {
+            r#""rootfs_image": "rootfs.erofs","#
+        } else {
+            ""
+        };
+        let manifest = format!(
+            r#"{{"template": {{{disk} "user": {{"name": "user", "uid": 1000, "gid": 1000,
+                "home": "/home/user"}}}}}}"#
+        );
+        std::fs::write(dir.path().join("manifest.json"), manifest).unwrap();
+        dir
+    }
+
+    fn config(engine: &str, image: &Path, size: &str, process: &str) -> Result<Config> {
+        Config::parse(&format!(
+            r#"
+            listen = "127.0.0.1:0"
+            data_dir = "/tmp/sbx-validate"
+            engine = "{engine}"
+            [templates.t]
+            image = "{}"
+            [sizes.small]
+            cpus = 1
+            {size}
+            [[pools]]
+            template = "t"
+            size = "small"
+            [process]
+            {process}
+            "#,
+            image.display()
+        ))
+    }
+
+    /// On qemu, a template with a root disk keeps its writable layer in guest RAM: a
+    /// size's disk_mib over half its memory_mib is refused (the default disk_mib of 512
+    /// with 256 MiB guests, the old `xtask up` config, included), with the reason.
+    #[test]
+    fn qemu_disk_mib_must_be_well_under_memory_mib() {
+        let disk = image(true);
+        for size in ["memory_mib = 256", "memory_mib = 256\ndisk_mib = 129"] {
+            let err = config("qemu", disk.path(), size, "")
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("disk_mib") && err.contains("half of memory_mib 256"),
+                "{size}: {err}"
+            );
+        }
+        config("qemu", disk.path(), "memory_mib = 256\ndisk_mib = 128", "").unwrap();
+        // Without a root disk (base), disk_mib is unused on qemu; the process engine puts
+        // the writable tmpfs in the host's memory under the cgroup's limit.
+        config("qemu", image(false).path(), "memory_mib = 256", "").unwrap();
+        config("process", disk.path(), "memory_mib = 256", "").unwrap();
+    }
+
+    /// uid_block must fit the range, and hold the template's user.
+    #[test]
+    fn uid_block_must_fit_the_range_and_the_template_user() {
+        let img = image(false);
+        let size = "memory_mib = 256";
+        for block in ["uid_block = 0", "uid_count = 1000\nuid_block = 1001"] {
+            let err = config("process", img.path(), size, block)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("uid_block"), "{block}: {err}");
+        }
+        let err = config("process", img.path(), size, "uid_block = 1000")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\"user\" (uid 1000") && err.contains("uid_block"),
+            "{err}"
+        );
+        let c = config("process", img.path(), size, "uid_block = 1001").unwrap();
+        assert_eq!(c.process.uid_block, 1001);
+        assert_eq!(
+            config("process", img.path(), size, "")
+                .unwrap()
+                .process
+                .uid_block,
+            65_536
+        );
     }
 }

@@ -47,9 +47,11 @@ pub fn render(node: &Node) -> String {
     };
     let template = format!("[templates.{TEMPLATE}]\nimage = {}\n", quoted(image));
     let warmup = serde_json::to_string(&["sh", "-c", WARMUP]).expect("strings serialize");
-    let memory_mib = match node.engine {
-        Engine::Qemu { .. } => 256,
-        Engine::Process { .. } => 512,
+    // On qemu the writable layer is a tmpfs in guest RAM: sandboxd takes at most half of
+    // memory_mib for it (the kernel and the template's page cache need the rest).
+    let (memory_mib, disk_mib) = match node.engine {
+        Engine::Qemu { .. } => (256, 128),
+        Engine::Process { .. } => (512, 512),
     };
     format!(
         "# Written by `cargo xtask up` on every run; edit xtask/src/up/config.rs instead.\n\
@@ -65,6 +67,7 @@ pub fn render(node: &Node) -> String {
          [sizes.small]\n\
          cpus = 1\n\
          memory_mib = {memory_mib}\n\
+         disk_mib = {disk_mib}\n\
          \n\
          [[pools]]\n\
          template = \"{TEMPLATE}\"\n\
@@ -216,7 +219,7 @@ mod tests {
             assert_eq!(size.cpus, 1);
             match engine {
                 Engine::Qemu { .. } => {
-                    assert_eq!(size.memory_mib, 256);
+                    assert_eq!((size.memory_mib, size.disk_mib), (256, 128));
                 }
                 Engine::Process { .. } => {
                     assert_eq!(config.templates["default"].rootfs, image.join("rootfs"));

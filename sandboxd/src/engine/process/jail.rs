@@ -10,6 +10,11 @@
 //! binds there exactly what this sandbox may see: the rootfs, its own socket directory,
 //! silkd's files. bwrap then binds from that staging tree, and the sandbox's uid never
 //! needs a path into the node.
+//!
+//! The stage also mounts the sandbox's one writable tmpfs (`disk_mib` in all, owned by
+//! its namespace's root) and binds its subdirectories at `/home`, `/root`, `/tmp`, `/run`
+//! and `/dev/shm`: bwrap's `--tmpfs` would give each its own `disk_mib`, and bwrap binds
+//! only from host paths, never from a tmpfs it mounted itself.
 
 use std::ffi::{CString, OsStr, OsString};
 use std::os::unix::ffi::OsStrExt;
@@ -30,13 +35,40 @@ pub const WORK_DIR: &str = "/home/sandbox";
 /// Inside the sandbox: where the template's own `/home` and `/root` are bound read-only
 /// for silkd to seed the fresh tmpfs ones from (`--seed`).
 pub const SEED_DIR: &str = "/run/sandboxd-seed";
-/// Directories each sandbox gets as its own size-capped tmpfs.
-const TMPFS: [&str; 5] = ["/dev/shm", "/tmp", "/run", "/home", "/root"];
+/// Directories each sandbox writes: subdirectories of its one writable tmpfs when staged
+/// (else a size-capped tmpfs each), with their modes.
+const TMPFS: [(&str, u32); 5] = [
+    ("/dev/shm", 0o1777),
+    ("/tmp", 0o1777),
+    ("/run", 0o755),
+    ("/home", 0o755),
+    ("/root", 0o700),
+];
+/// In the writable tmpfs: the directory a HOME outside [`TMPFS`] is bound from.
+const OWN_HOME: &str = "own-home";
+/// Capabilities silkd keeps inside a sandbox with a uid block, in the sandbox's own user
+/// namespace only (none in the host's): what root commands need to act as root on the
+/// sandbox's files and processes, and to switch users. Never CAP_SYS_ADMIN (mounts,
+/// namespaces), CAP_NET_ADMIN/RAW, CAP_SYS_PTRACE or CAP_MKNOD. A capability in a user
+/// namespace covers only objects of that namespace and files owned by its mapped ids.
+const ROOT_CAPS: [&str; 9] = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_NET_BIND_SERVICE",
+];
 /// Of those, the ones seeded from the template's tree.
 const SEEDED: [&str; 2] = ["home", "root"];
 /// The fds bwrap reads its info and seccomp programs from, in the child.
 pub const INFO_FD: i32 = 3;
 pub const SECCOMP_FDS: [i32; 2] = [4, 5];
+/// The fd bwrap joins the sandbox's prepared user namespace from (`--userns`).
+pub const USERNS_FD: i32 = 6;
 /// Inside the sandbox: where its delegated cgroup2 directory is bound.
 pub const CGROUP_DIR: &str = "/sys/fs/cgroup";
 /// Rootfs entries the sandbox gets its own of instead (fresh proc, dev and tmpfs; `/sys`
@@ -51,9 +83,11 @@ pub struct Inputs<'a> {
     pub dir: &'a Path,
     pub rootfs: &'a Path,
     pub silkd: &'a SilkdFiles,
-    /// Size of each tmpfs the sandbox writes, in bytes.
+    /// Size of the sandbox's writable tmpfs in bytes (of each one, when not staged).
     pub tmpfs_bytes: u64,
-    /// The unprivileged host uid/gid to run as; `None` runs as sandboxd's own user.
+    /// The first unprivileged host uid/gid of the sandbox's block: bwrap runs as it, in
+    /// the user namespace at [`USERNS_FD`] that maps the block (see `userns.rs`). `None`
+    /// runs as sandboxd's own user.
     pub identity: Option<(u32, u32)>,
     pub seccomp: bool,
     /// The sandbox's delegated cgroup2 directory: bound at [`CGROUP_DIR`] and given to
@@ -80,6 +114,10 @@ pub struct Stage {
     /// (source, target, recursive).
     binds: Vec<(CString, CString, bool)>,
     mount: CString,
+    /// The writable tmpfs: where, its mount options, and its subdirectories with modes.
+    rw: CString,
+    rw_opts: CString,
+    rw_dirs: Vec<(CString, u32)>,
     uid: u32,
     gid: u32,
 }
@@ -94,6 +132,13 @@ impl Plan {
             files: Vec::new(),
             binds: Vec::new(),
             mount: CString::new(STAGE_MOUNT).expect("no NUL"),
+            rw: CString::default(),
+            rw_opts: CString::new(format!(
+                "size={},mode=0755,uid={uid},gid={gid}",
+                inp.tmpfs_bytes
+            ))
+            .expect("no NUL"),
+            rw_dirs: Vec::new(),
             uid,
             gid,
         });
@@ -119,8 +164,17 @@ impl Plan {
                     at.push(part);
                     st.dirs.push(c_path(&at)?);
                 }
-                for sub in ["root", "sock", "files", "cgroup"] {
+                for sub in ["root", "sock", "files", "cgroup", "rw"] {
                     st.dirs.push(c_path(&base.join(sub))?);
+                }
+                st.rw = c_path(&base.join("rw"))?;
+                for (inside, mode) in TMPFS {
+                    st.rw_dirs
+                        .push((c_path(&base.join("rw").join(rw_name(inside)))?, mode));
+                }
+                if !under_tmpfs(inp.meta.home()) {
+                    st.rw_dirs
+                        .push((c_path(&base.join("rw").join(OWN_HOME))?, 0o755));
                 }
                 if let Some(cg) = inp.cgroup2 {
                     st.binds
@@ -145,19 +199,24 @@ impl Plan {
         let mut a = Args::default();
         // No `--die-with-parent`: sandboxes outlive sandboxd (a restart re-adopts them);
         // cleanup goes through the sandbox's cgroup and recorded pids instead.
-        a.push(["--new-session", "--unshare-all"]);
-        // Who silkd (and so every command) is inside: the template's user, else root.
-        let (uid, gid) = inp.meta.user.as_ref().map_or((0, 0), |u| (u.uid, u.gid));
+        a.push(["--new-session"]);
         if inp.identity.is_some() {
-            // A user namespace of its own mapping exactly one id, the sandbox's host uid,
-            // to the template's user (root without one, as in a VM); no capabilities, no
-            // further user namespaces (the seccomp filter denies them too). One id means
-            // silkd cannot switch users here: a request for another user is a 400 (a
-            // per-sandbox uid block would lift that; see docs/templates.md).
-            a.push(["--unshare-user", "--disable-userns"]);
-            a.push(["--uid", &uid.to_string(), "--gid", &gid.to_string()]);
+            // The prepared user namespace mapping the sandbox's block (its root is the
+            // block's first uid, never the host's root); silkd runs as its root with
+            // ROOT_CAPS there and switches to the template's user per command. No
+            // further user namespaces: the seccomp filter denies CLONE_NEWUSER, and the
+            // namespace's max_user_namespaces is 0 (userns.rs; bwrap's --disable-userns
+            // needs --unshare-user). Nothing holds CAP_SYS_ADMIN.
+            a.push(["--userns", &USERNS_FD.to_string()]);
+            a.push(["--unshare-ipc", "--unshare-pid", "--unshare-net"]);
+            a.push(["--unshare-uts", "--unshare-cgroup"]);
+            a.push(["--cap-drop", "ALL"]);
+            for cap in ROOT_CAPS {
+                a.push(["--cap-add", cap]);
+            }
+        } else {
+            a.push(["--unshare-all", "--cap-drop", "ALL"]);
         }
-        a.push(["--cap-drop", "ALL"]);
         // The rootfs, read-only, entry by entry onto bwrap's own root, so the mount points
         // below need not exist in it and `--remount-ro /` seals the rest.
         let mut entries: Vec<_> = std::fs::read_dir(inp.rootfs)?.collect::<Result<_, _>>()?;
@@ -183,24 +242,32 @@ impl Plan {
         let size = inp.tmpfs_bytes.to_string();
         a.push(["--proc", "/proc", "--dev", "/dev"]);
         let home = inp.meta.home();
-        let under_tmpfs = |p: &str| {
-            TMPFS
-                .iter()
-                .any(|t| p == *t || p.strip_prefix(t).is_some_and(|r| r.starts_with('/')))
-        };
-        for tmpfs in TMPFS {
-            // /tmp and /dev/shm sticky and world-writable, as on any system: whoever
-            // commands run as can use them.
-            let perms = if matches!(tmpfs, "/tmp" | "/dev/shm") {
-                "1777"
-            } else {
-                "0755"
-            };
-            a.push(["--perms", perms, "--size", &size, "--tmpfs", tmpfs]);
+        let rw = stage.as_ref().map(|_| base.join("rw"));
+        for (inside, mode) in TMPFS {
+            match &rw {
+                // One tmpfs for all: disk_mib bounds what the sandbox writes in total.
+                Some(rw) => {
+                    let src = rw.join(rw_name(inside));
+                    a.push([OsStr::new("--bind"), src.as_os_str(), OsStr::new(inside)]);
+                }
+                // /tmp and /dev/shm sticky and world-writable, as on any system.
+                None => {
+                    let perms = format!("{mode:04o}");
+                    a.push(["--perms", &perms, "--size", &size, "--tmpfs", inside]);
+                }
+            }
         }
-        // HOME is always writable: under one of the tmpfs above, or a tmpfs of its own.
+        // HOME is always writable: under one of the directories above, or its own.
         if !under_tmpfs(home) {
-            a.push(["--size", &size, "--tmpfs", home]);
+            match &rw {
+                Some(rw) => {
+                    let src = rw.join(OWN_HOME);
+                    a.push([OsStr::new("--bind"), src.as_os_str(), OsStr::new(home)]);
+                }
+                None => {
+                    a.push(["--size", &size, "--tmpfs", home]);
+                }
+            }
         }
         let workdir = match (&inp.meta.workdir, &inp.meta.user) {
             (Some(w), _) => w.as_str(),
@@ -271,6 +338,14 @@ impl Plan {
         if inp.meta.workdir.is_none() {
             flags.extend(["--workdir".to_string(), workdir.to_string()]);
         }
+        // silkd (root in the namespace) seeds and bwrap makes these as root: the
+        // template's user gets its home, and a workdir elsewhere in the writable tree.
+        if stage.is_some() && inp.meta.user.as_ref().is_some_and(|u| u.uid != 0) {
+            flags.extend(["--own".to_string(), home.to_string()]);
+            if under_tmpfs(workdir) && !Path::new(workdir).starts_with(home) {
+                flags.extend(["--own".to_string(), workdir.to_string()]);
+            }
+        }
         a.push(flags);
         Ok(Plan { args: a.0, stage })
     }
@@ -308,6 +383,19 @@ impl Stage {
             for dir in &self.dirs {
                 check(libc::mkdir(dir.as_ptr(), 0o755))?;
             }
+            check(libc::mount(
+                c"sandbox-rw".as_ptr(),
+                self.rw.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                self.rw_opts.as_ptr().cast(),
+            ))?;
+            // Owned by the block's first uid: root inside the sandbox.
+            for (dir, mode) in &self.rw_dirs {
+                check(libc::mkdir(dir.as_ptr(), 0o700))?;
+                check(libc::chown(dir.as_ptr(), self.uid, self.gid))?;
+                check(libc::chmod(dir.as_ptr(), *mode))?;
+            }
             for file in &self.files {
                 let fd = libc::open(
                     file.as_ptr(),
@@ -335,6 +423,18 @@ impl Stage {
         }
         Ok(())
     }
+}
+
+/// True when `p` is one of [`TMPFS`] or below one.
+fn under_tmpfs(p: &str) -> bool {
+    TMPFS
+        .iter()
+        .any(|(t, _)| p == *t || p.strip_prefix(t).is_some_and(|r| r.starts_with('/')))
+}
+
+/// The writable tmpfs's subdirectory for one of [`TMPFS`]: its last component.
+fn rw_name(inside: &str) -> &str {
+    inside.rsplit('/').next().unwrap_or(inside)
 }
 
 /// bwrap's argument list under construction.

@@ -28,9 +28,10 @@ mod guest;
 mod jail;
 pub mod seccomp;
 mod silkd_files;
+mod userns;
 
 use self::guest::ProcessGuest;
-use self::jail::{Inputs, Plan, INFO_FD, SECCOMP_FDS, SOCK_NAME, STAGE_MOUNT};
+use self::jail::{Inputs, Plan, INFO_FD, SECCOMP_FDS, SOCK_NAME, STAGE_MOUNT, USERNS_FD};
 use self::seccomp::Filters;
 use self::silkd_files::SilkdFiles;
 use super::cgroup::Cgroups;
@@ -78,7 +79,8 @@ impl ProcessEngine {
         let seccomp = (!config.unsafe_no_seccomp)
             .then(Filters::compile)
             .transpose()?;
-        let identities = Identities::new(config.uid_base, config.uid_count);
+        // A block of uids per sandbox, mapped into its user namespace (userns.rs).
+        let identities = Identities::blocks(config.uid_base, config.uid_count, config.uid_block);
         let identities =
             (identities.switching() && !config.unsafe_no_identity).then_some(identities);
         if identities.is_some() {
@@ -157,6 +159,7 @@ impl ProcessEngine {
             .map_err(io("chmod sock in"))?;
         let (exited_tx, exited) = watch::channel(false);
         let ids = identity.as_ref().map(|i| (i.uid(), i.gid()));
+        let block = identity.as_ref().map(|i| (i.uid(), i.gid(), i.block_len()));
         let guest = ProcessGuest {
             id: id.clone(),
             socket: sock.join(SOCK_NAME),
@@ -210,6 +213,17 @@ impl ProcessEngine {
             .map_err(Error::io(format!("creating {}/log", dir.display())))?;
         let (info_read, info_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
             .map_err(|e| Error::Engine(format!("pipe: {e}")))?;
+        let userns = match block {
+            Some((uid, gid, len)) => Some(
+                tokio::task::spawn_blocking(move || userns::prepare(uid, gid, len))
+                    .await
+                    .map_err(|e| Error::Engine(format!("user namespace task: {e}")))?
+                    .map_err(|e| {
+                        Error::Engine(format!("user namespace for uids {uid}+{len}: {e}"))
+                    })?,
+            ),
+            None => None,
+        };
         let seccomp_fds = match &self.seccomp {
             Some(f) => f.memfds().map_err(Error::io("seccomp memfd"))?,
             None => Vec::new(),
@@ -220,6 +234,7 @@ impl ProcessEngine {
             .into_iter()
             .map(above_targets)
             .collect::<Result<Vec<_>>>()?;
+        let userns = userns.map(above_targets).transpose()?;
         let mut cmd = std::process::Command::new(&self.bwrap);
         cmd.args(&plan.args)
             .env_clear()
@@ -229,6 +244,7 @@ impl ProcessEngine {
         let info_fd = info_write.as_raw_fd();
         let seccomp_raw: Vec<i32> = seccomp_fds.iter().map(|f| f.as_raw_fd()).collect();
         let procs_fds: Vec<i32> = procs.iter().map(|f| f.as_raw_fd()).collect();
+        let userns_fd = userns.as_ref().map(|f| f.as_raw_fd());
         let stage = plan.stage;
         // SAFETY: between fork and exec only async-signal-safe calls (write, dup2, and the
         // stage's raw syscalls) run, on fds and C strings made before the fork; nothing
@@ -250,6 +266,7 @@ impl ProcessEngine {
                 for (from, to) in std::iter::once(&info_fd)
                     .zip([INFO_FD])
                     .chain(seccomp_raw.iter().zip(SECCOMP_FDS))
+                    .chain(userns_fd.iter().zip([USERNS_FD]))
                 {
                     if libc::dup2(*from, to) != to {
                         return Err(std::io::Error::last_os_error());
@@ -270,6 +287,7 @@ impl ProcessEngine {
             .map_err(|e| Error::Engine(format!("spawning {}: {e}", self.bwrap.display())))?;
         drop(info_write);
         drop(seccomp_fds);
+        drop(userns);
         drop(procs);
         // Our unreaped child: its pid cannot be reused before the supervisor waits for it.
         let bwrap = child.id().map(|p| PidFd::own(p as i32));

@@ -449,7 +449,7 @@ struct Boot<'f> {
 
 /// The read-only root disk of the image in `image`, from its manifest's
 /// `template.rootfs_image` (`base` has none: it runs from the initramfs alone).
-fn root_disk(image: &Path) -> Result<Option<PathBuf>> {
+pub(crate) fn root_disk(image: &Path) -> Result<Option<PathBuf>> {
     let manifest = image.join("manifest.json");
     let text = match std::fs::read_to_string(&manifest) {
         Ok(t) => t,
