@@ -2,7 +2,8 @@
 //! Debian template built twice from the mirror gives the same image digest and a
 //! manifest that matches its tree, and a rebuild is a cache hit; an OCI image layout
 //! and a `docker save` archive, made here from busybox-static (no registry is
-//! reachable), import with their whiteouts and config, and run a command.
+//! reachable), import with their whiteouts and config, and run a command of the image
+//! in a real process-engine sandbox of it.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -407,18 +408,39 @@ fn check_imported(out: &Path, manifest: &Manifest) {
         "opaque directory not applied"
     );
     assert_eq!(fs::read(rootfs.join("opt/lower/new")).unwrap(), b"new");
-    // A command from the imported image runs in its tree.
-    let run = Command::new("chroot")
-        .arg(&rootfs)
-        .args(["/bin/sh", "-c", "cat /etc/greeting"])
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    assert_eq!(String::from_utf8_lossy(&run.stdout), "hello from layer 2\n");
+}
+
+/// A command from the imported image runs in a sandbox of it: a real sandboxd (process
+/// engine) with `[templates.X] image =` the import, as the image config's user, in its
+/// workdir, with its env.
+fn runs_in_a_sandbox(image: &Path) {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let d = testkit::Daemon::start(testkit::Setup {
+            image: Some(image.to_path_buf()),
+            ..testkit::Setup::default()
+        })
+        .await;
+        let (id, token) = d.claim().await;
+        let script = "cat /etc/greeting; id -u; pwd; echo $GREETING; echo hi > ~/f && cat ~/f";
+        let r = d
+            .exec(
+                &id,
+                &token,
+                serde_json::json!({"argv": ["sh", "-c", script]}),
+            )
+            .await;
+        let v: serde_json::Value = serde_json::from_str(&r.text()).unwrap();
+        assert_eq!(
+            (v["exit_code"].as_i64(), v["stdout"].as_str()),
+            (
+                Some(0),
+                Some("hello from layer 2\n1000\n/home/app\nhi\nhi\n")
+            ),
+            "{v}"
+        );
+        d.stop().await;
+    });
 }
 
 #[test]
@@ -435,6 +457,7 @@ fn oci_layouts_and_docker_save_archives_import_with_whiteouts_and_config() {
 
     let from_layout = build(&import(&layout, "oci"));
     check_imported(&images.join("oci"), &from_layout);
+    runs_in_a_sandbox(&images.join("oci"));
     let archive = scratch.path().join("saved.tar");
     docker_archive(&archive);
     let from_docker = build(&import(&archive, "docker"));
