@@ -44,7 +44,7 @@ pub struct Setup {
     pub tail: String,
     /// `[process] allow_missing_cgroups`: with a `cgroup_root` that lacks controllers.
     pub allow_missing_cgroups: bool,
-    /// `[sizes.small] disk_mib`: each writable tmpfs's size.
+    /// `[sizes.small] disk_mib`: the size of the sandbox's writable tmpfs.
     pub disk_mib: u64,
     /// More `[process]` lines, verbatim (the isolation tests' opt-outs).
     pub process_extra: String,

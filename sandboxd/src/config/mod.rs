@@ -163,9 +163,11 @@ pub struct SizeConfig {
     /// Process (and thread) limit.
     #[serde(default = "max_pids")]
     pub max_pids: u64,
-    /// Process engine: the size of each tmpfs a sandbox can write (`/home`, `/tmp`, `/run`,
-    /// `/dev/shm`); filling one gives the sandbox ENOSPC. Their pages also count against
-    /// `memory_mib`.
+    /// Process engine: the size of the one tmpfs a sandbox writes (`/home`, `/root`,
+    /// `/tmp`, `/run`, `/dev/shm` are its directories; each its own tmpfs of this size
+    /// without a uid block); filling it gives the sandbox ENOSPC. Its pages also count
+    /// against `memory_mib`. Qemu, template with a root disk: the writable layer in guest
+    /// RAM, at most half of `memory_mib`.
     #[serde(default = "disk_mib")]
     pub disk_mib: u64,
 }

@@ -56,7 +56,7 @@ pub struct Launch {
 /// environment: `PATH`, `HOME` (the user's home), `USER`, `LOGNAME`, `LANG`, `TERM`,
 /// then the template's `--env`, then the request's `env`. A silkd that is not root runs
 /// commands only as itself: any other user is `bad_request` (it has no right to switch,
-/// e.g. the process engine's single-uid sandbox).
+/// e.g. the process engine's sandbox when sandboxd is not root).
 pub fn prepare(spec: &Spec) -> Result<Launch> {
     let defaults = user::defaults();
     let user::Runner { account, switch } = user::runner(spec.user.as_deref())?;

@@ -60,8 +60,8 @@ pub fn parse_env_flag(s: &str) -> std::result::Result<(String, String), String> 
 }
 
 /// Whether silkd may change uid and gid: root with CAP_SETUID and CAP_SETGID in effect.
-/// Root of a user namespace that maps one id and drops every capability (the process
-/// engine) is uid 0 but may not. Read once from /proc; unreadable means try and see.
+/// Root of a user namespace without those capabilities (the process engine without a
+/// uid block, under a sandboxd that is not root) is uid 0 but may not. Read once from /proc; unreadable means try and see.
 pub fn can_switch() -> bool {
     static CAN: OnceLock<bool> = OnceLock::new();
     *CAN.get_or_init(|| {
@@ -104,8 +104,8 @@ pub fn runner(requested: Option<&str>) -> Result<Runner> {
         Some(a) if euid != 0 || !can_switch() => {
             return Err(Error::BadRequest(format!(
                 "cannot run as {:?} (uid {}): silkd runs as uid {euid} without the right to \
-                 switch users (the process engine maps one uid per sandbox), and can only \
-                 act as itself",
+                 switch users (e.g. the process engine under a sandboxd that is not root), \
+                 and can only act as itself",
                 a.name, a.uid
             )))
         }
