@@ -11,6 +11,9 @@
 //! 3. First `python3 -c 'import json'` and first `node -e 0` in a fresh clone of a golden
 //!    built without and with a warmup (the pool's `warmup`, run in the golden before the
 //!    seal, importing both), each next to the same command's second run in that clone.
+//! 4. `[qemu] template_disk`: virtio-blk vs virtio-pmem with DAX (`template_disks/`).
+//!
+//! `bench_templates disks` runs step 4 alone.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -46,6 +49,8 @@ fn main() -> std::process::ExitCode {
 
 #[path = "host_mem/mod.rs"]
 mod host_mem;
+#[path = "template_disks/mod.rs"]
+mod template_disks;
 
 use host_mem::{mem_available_kib, qemu_pids, rss_pss_kib};
 
@@ -128,6 +133,9 @@ async fn timed(guest: &dyn Guest, script: &str) -> Result<Duration, BoxError> {
 async fn bench() -> Result<(), BoxError> {
     let (base, default) = (image("base")?, image("default")?);
     let tmp = tempfile::tempdir()?;
+    if std::env::args().nth(1).as_deref() == Some("disks") {
+        return template_disks::compare(&base, &default, tmp.path()).await;
+    }
     let data = tmp.path().join("data");
     let cfg = QemuConfig {
         binary: "qemu-system-x86_64".into(),
@@ -222,5 +230,5 @@ async fn bench() -> Result<(), BoxError> {
         g.destroy().await;
     }
     engine.shutdown(false);
-    Ok(())
+    template_disks::compare(&base, &default, tmp.path()).await
 }

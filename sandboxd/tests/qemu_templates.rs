@@ -4,7 +4,9 @@
 //! Clones of the golden run the template's programs; `/usr` is read-only, `/tmp` and the
 //! home writable; what one sandbox writes no other sandbox or later claim sees; writing
 //! past `disk_mib` is ENOSPC inside and harmless outside; no guest (golden, clones, a
-//! guest writing its disk device) changes the image. Leftovers are counted.
+//! guest writing its disk device) changes the image. The same with `[qemu]
+//! template_disk = "pmem"`: the image as a DAX-mapped virtio-pmem region, left out of
+//! the golden's state. Leftovers are counted.
 //!
 //! Needs `qemu-system-x86_64` and `target/images/default` (`cargo xtask image --template
 //! default`, which `cargo xtask test` runs); it FAILS, naming what is missing, without
@@ -275,5 +277,81 @@ async fn default_template_runs_from_one_shared_read_only_disk() {
     d.stop().await;
     assert_eq!(qemu_leftovers(&data), none, "after shutdown");
     // 7. Golden, clones, their writes and the attack left the template's image as built.
+    assert_eq!(sha256_file(&disk), digest_before, "rootfs.erofs changed");
+}
+
+/// `template_disk = "pmem"` (q35): the golden's state leaves the image out (it is a
+/// shared RAM block, which x-ignore-shared skips), a clone restores from it and runs the
+/// template's programs from the erofs mounted with DAX, and a guest writing the pmem
+/// device changes neither what it reads nor the image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pmem_goldens_and_clones_restore_and_leave_the_image_unwritten() {
+    testkit::vm::require();
+    let image = template_image("default");
+    let disk = image.join("rootfs.erofs");
+    let digest_before = sha256_file(&disk);
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, mem_dir) = (tmp.path().join("data"), tmp.path().join("shm"));
+    std::fs::create_dir(&mem_dir).unwrap();
+    let text = config(&data, &mem_dir, &image).replace(
+        "[qemu]\n",
+        "[qemu]\nmachine = \"q35\"\ntemplate_disk = \"pmem\"\n",
+    );
+    let d = Daemon::start_text(&data, &text).await;
+    d.wait_pool(Duration::from_secs(300), "golden and 1 warm clone", |p| {
+        p["golden"]["state"] == "ready" && p["warm"] == 1
+    })
+    .await;
+    let image_bytes = std::fs::metadata(&disk).unwrap().len();
+    let states = testkit::vm_disk::files_named(&data, "state.mig");
+    assert_eq!(states.len(), 1, "{states:?}");
+    let state_bytes = std::fs::metadata(&states[0]).unwrap().len();
+    assert!(
+        state_bytes < image_bytes / 16,
+        "the golden's state ({state_bytes} bytes) carries the image ({image_bytes})"
+    );
+
+    let (a, ta) = d.claim().await;
+    assert_eq!(ok(&d, &a, &ta, "python3 -c 'print(1)'").await, "1\n");
+    let mounts = ok(&d, &a, &ta, "cat /proc/mounts").await;
+    assert!(
+        mounts.lines().any(|l| l.starts_with("/dev/pmem0 ")
+            && l.contains(" erofs ")
+            && l.contains("dax=always")),
+        "the image is not erofs on /dev/pmem0 with DAX: {mounts}"
+    );
+    let v = sh(
+        &d,
+        &a,
+        &ta,
+        "dd if=/dev/zero of=/dev/pmem0 bs=4096 count=16 conv=notrunc,fsync 2>&1; \
+         dd if=/dev/zero of=/dev/pmem0 bs=4096 seek=4096 count=16 conv=notrunc 2>&1; echo done",
+    )
+    .await;
+    assert!(v["stdout"].as_str().unwrap().ends_with("done\n"), "{v}");
+    assert_eq!(
+        ok(
+            &d,
+            &a,
+            &ta,
+            "python3 -c 'import json; print(2)' && git --version >/dev/null && echo ok"
+        )
+        .await,
+        "2\nok\n"
+    );
+    for pid in procs_with(&data.to_string_lossy()) {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+        assert!(
+            cmdline.contains("share=on,readonly=on") && cmdline.contains("virtio-pmem-pci"),
+            "a QEMU without the read-only pmem image: {cmdline}"
+        );
+    }
+    d.stop().await;
+    let none = QemuLeftovers {
+        qemus: 0,
+        run_dirs: 0,
+    };
+    assert_eq!(qemu_leftovers(&data), none, "after shutdown");
     assert_eq!(sha256_file(&disk), digest_before, "rootfs.erofs changed");
 }

@@ -202,8 +202,8 @@ pub fn switch_to_disk(disk: &RootDisk<'_>) -> std::io::Result<()> {
     while !disk.device.exists() {
         if Instant::now() > deadline {
             return Err(std::io::Error::other(format!(
-                "root disk {} did not appear within {DEVICE_WAIT:?} (is virtio_blk in the \
-                 image's module list?)",
+                "root disk {} did not appear within {DEVICE_WAIT:?} (are virtio_blk, or \
+                 virtio_pmem and nd_pmem, in the image's module list?)",
                 disk.device.display()
             )));
         }
@@ -228,16 +228,24 @@ pub fn switch_to_disk(disk: &RootDisk<'_>) -> std::io::Result<()> {
     for d in [&lower, &upper, &work] {
         std::fs::create_dir(d)?;
     }
+    // A virtio-pmem region (the engine's `template_disk = "pmem"`) is mounted with DAX:
+    // files are read straight from the host's pages, with no copy in this guest's cache.
+    let dax = disk
+        .device
+        .file_name()
+        .is_some_and(|n| n.to_string_lossy().starts_with("pmem"));
+    let erofs_opts = dax.then_some("dax=always");
     mount(
         Some(disk.device),
         &lower,
         Some("erofs"),
         MsFlags::MS_RDONLY,
-        None::<&str>,
+        erofs_opts,
     )
     .map_err(ctx(format!(
-        "mount erofs {} read-only",
-        disk.device.display()
+        "mount erofs {} read-only{}",
+        disk.device.display(),
+        if dax { " with dax=always" } else { "" }
     )))?;
     std::fs::create_dir_all(NEW_ROOT)?;
     let options = format!(

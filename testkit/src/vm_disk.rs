@@ -1,6 +1,6 @@
 //! What the template-disk VM tests need: a built template image (`target/images/NAME`,
-//! with its `rootfs.erofs`), the digest of a file, and a count of what a qemu-engine
-//! daemon leaves on the host.
+//! with its `rootfs.erofs`), the digest of a file, files found by name (a golden's
+//! state), and a count of what a qemu-engine daemon leaves on the host.
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -55,4 +55,21 @@ pub fn qemu_leftovers(data_dir: &Path) -> QemuLeftovers {
         qemus: procs_with(&data_dir.to_string_lossy()).len(),
         run_dirs: std::fs::read_dir(data_dir.join("qemu/run")).map_or(0, |d| d.flatten().count()),
     }
+}
+
+/// Every file named `name` below `dir` (e.g. a golden's `state.mig` in a data dir).
+pub fn files_named(dir: &Path, name: &str) -> Vec<PathBuf> {
+    let mut found = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        for entry in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let path = entry.path();
+            match entry.file_type() {
+                Ok(t) if t.is_dir() => pending.push(path),
+                Ok(t) if t.is_file() && entry.file_name() == name => found.push(path),
+                _ => {}
+            }
+        }
+    }
+    found
 }

@@ -102,6 +102,22 @@ pub struct QemuConfig {
     /// Size of that range (so at most `uid_count - 1` QEMUs at once).
     #[serde(default = "qemu_uid_count")]
     pub uid_count: u32,
+    /// How a template's read-only image reaches its guests: `blk` (virtio-blk) or `pmem`
+    /// (virtio-pmem with DAX; q35 only). docs/templates.md has the measurements.
+    #[serde(default)]
+    pub template_disk: TemplateDisk,
+}
+
+/// `[qemu] template_disk`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TemplateDisk {
+    /// One read-only virtio-blk disk: every guest keeps a page cache of what it reads.
+    #[default]
+    Blk,
+    /// The image mapped read-only and shared as a virtio-pmem region, mounted with DAX:
+    /// guests read the host's page cache of it directly.
+    Pmem,
 }
 
 impl Default for QemuConfig {
@@ -113,6 +129,7 @@ impl Default for QemuConfig {
             memory_dir: memory_dir(),
             uid_base: qemu_uid_base(),
             uid_count: qemu_uid_count(),
+            template_disk: TemplateDisk::default(),
         }
     }
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-pub use self::engines::{AccelChoice, ProcessConfig, QemuConfig, QemuMachine};
+pub use self::engines::{AccelChoice, ProcessConfig, QemuConfig, QemuMachine, TemplateDisk};
 pub use self::limits::{ExecConfig, HttpConfig};
 use crate::error::{Error, Result};
 

@@ -101,6 +101,16 @@ impl Config {
                 q.uid_base, q.uid_count
             ));
         }
+        // Measured on QEMU 10: microvm places a virtio-pmem region at guest address 0 (it
+        // has no device-memory area), and the guest's nd_pmem fails ("could not reserve
+        // region [mem 0x00000000-...]", error -16): no /dev/pmem0.
+        if q.template_disk == super::TemplateDisk::Pmem && q.machine != super::QemuMachine::Q35 {
+            return bad(
+                "[qemu] template_disk = \"pmem\" needs machine = \"q35\": on microvm QEMU \
+                 puts the virtio-pmem region at guest address 0 and the guest cannot map it"
+                    .into(),
+            );
+        }
         let p = &self.process;
         // uid 0 would make sandboxes root on the host; u32::MAX is "no uid" to the kernel.
         if p.uid_base == 0
@@ -367,7 +377,11 @@ mod tests {
     }
 
     fn config(engine: &str, image: &Path, size: &str, process: &str) -> Result<Config> {
-        Config::parse(&format!(
+        Config::parse(&config_text(engine, image, size, process))
+    }
+
+    fn config_text(engine: &str, image: &Path, size: &str, process: &str) -> String {
+        format!(
             r#"
             listen = "127.0.0.1:0"
             data_dir = "/tmp/sbx-validate"
@@ -384,7 +398,7 @@ mod tests {
             {process}
             "#,
             image.display()
-        ))
+        )
     }
 
     /// On qemu, a template with a root disk keeps its writable layer in guest RAM: a
@@ -407,6 +421,22 @@ mod tests {
         // the writable tmpfs in the host's memory under the cgroup's limit.
         config("qemu", image(false).path(), "memory_mib = 256", "").unwrap();
         config("process", disk.path(), "memory_mib = 256", "").unwrap();
+    }
+
+    /// virtio-pmem works on q35 only; blk on either machine.
+    #[test]
+    fn pmem_needs_q35() {
+        let disk = image(true);
+        let size = "memory_mib = 256\ndisk_mib = 64";
+        let with = |qemu: &str| {
+            let text = format!("[qemu]\n{qemu}\n");
+            Config::parse(&config_text("qemu", disk.path(), size, "").replace("[process]", &text))
+        };
+        let err = with("template_disk = \"pmem\"").unwrap_err().to_string();
+        assert!(err.contains("q35"), "{err}");
+        with("template_disk = \"pmem\"\nmachine = \"q35\"").unwrap();
+        with("template_disk = \"blk\"").unwrap();
+        assert!(with("template_disk = \"nvme\"").is_err());
     }
 
     /// uid_block must fit the range, and hold the template's user.

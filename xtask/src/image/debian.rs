@@ -21,7 +21,7 @@ use crate::{tool, Error, Result};
 /// The Debian release every template is built from.
 pub const SUITE: &str = "bookworm";
 /// Bumped whenever a build step changes what it writes, so old caches stop matching.
-const BUILDER: &str = "debian-template-1";
+const BUILDER: &str = "debian-template-2";
 /// The only component and architecture templates use.
 const COMPONENT: &str = "main";
 const ARCH: &str = "amd64";

@@ -23,9 +23,11 @@ pub const WANTED: &[&str] = &[
 ];
 
 /// Added for templates with a root disk (`rootfs.erofs`): the read-only virtio-blk disk,
-/// its filesystem, and the overlay that puts each sandbox's writable layer on top.
-/// `base` (no disk) leaves them out, so its boot stage stays as it was.
-pub const DISK: &[&str] = &["virtio_blk", "erofs", "overlay"];
+/// its filesystem, and the overlay that puts each sandbox's writable layer on top; and
+/// virtio-pmem with its pmem block driver, for sandboxd's `[qemu] template_disk = "pmem"`
+/// (the image as a DAX-mapped memory region). `base` (no disk) leaves them out, so its
+/// boot stage stays as it was.
+pub const DISK: &[&str] = &["virtio_blk", "erofs", "overlay", "virtio_pmem", "nd_pmem"];
 
 /// One module ready to copy into the image.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,7 +22,7 @@ use super::{apt, boot_stage, cached, sibling, Args, Progress};
 use crate::{deps, tool, Error, Result};
 
 /// Bumped whenever the import changes what it writes, so old caches stop matching.
-const BUILDER: &str = "oci-import-1";
+const BUILDER: &str = "oci-import-2";
 /// Symlinks followed while resolving one path, as Linux's own limit.
 const MAX_LINKS: u32 = 40;
 const OPAQUE: &str = ".wh..wh..opq";

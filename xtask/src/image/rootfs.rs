@@ -60,9 +60,15 @@ pub fn fix_mtimes(root: &Path) -> Result<u64> {
     Ok(count)
 }
 
+/// What the image's size is padded to: sandboxd's `template_disk = "pmem"` maps it as a
+/// virtio-pmem region, which the guest's nd_pmem refuses unless 2 MiB aligned
+/// ("misaligned, unable to map", measured). erofs ignores what follows its last block.
+pub const PMEM_ALIGN: u64 = 2 << 20;
+
 /// `mkfs.erofs` of `root` into `image`, uncompressed (so a guest can map it with DAX
 /// and TCG spends no time decompressing), every timestamp [`EPOCH`], and a UUID taken
-/// from `seed` (the cache key) rather than random, for reproducible bytes.
+/// from `seed` (the cache key) rather than random, for reproducible bytes; then zeros up
+/// to a multiple of [`PMEM_ALIGN`].
 pub fn write_image(root: &Path, image: &Path, seed: &str) -> Result<()> {
     tool::require(&["mkfs.erofs"])?;
     let hex: String = seed
@@ -88,8 +94,14 @@ pub fn write_image(root: &Path, image: &Path, seed: &str) -> Result<()> {
             .arg("--quiet")
             .arg(image)
             .arg(root),
-    )
-    .map(drop)
+    )?;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(image)
+        .map_err(Error::io("opening", image))?;
+    let len = file.metadata().map_err(Error::io("stat", image))?.len();
+    file.set_len(len.div_ceil(PMEM_ALIGN) * PMEM_ALIGN)
+        .map_err(Error::io("padding", image))
 }
 
 /// sha256 (hex) of a file, by `sha256sum` (xtask runs unoptimised; images are large).

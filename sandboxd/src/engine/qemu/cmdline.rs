@@ -5,6 +5,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
 pub use crate::config::QemuMachine as Machine;
+pub use crate::config::TemplateDisk;
 
 /// Accelerator actually used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,8 +58,13 @@ pub const STATE_FD: i32 = 9;
 
 /// The template's read-only root disk (`rootfs.erofs`), for templates that have one.
 pub const DISK_FD: i32 = 10;
-/// Where the guest sees that disk: the only virtio-blk device, so always the first.
+/// Where the guest sees that disk as virtio-blk: the only one, so always the first.
 pub const GUEST_DISK: &str = "/dev/vda";
+/// Where the guest sees it as virtio-pmem: the only region, so always the first.
+pub const GUEST_PMEM: &str = "/dev/pmem0";
+/// What a virtio-pmem region's size must be a multiple of: the guest's nd_pmem refuses
+/// anything else ("misaligned, unable to map", measured), so images are padded to it.
+pub const PMEM_ALIGN: u64 = 2 << 20;
 
 /// QEMU's own syscall filter: no obsolete calls, no set*uid (it never needs to gain or
 /// change privileges), no fork/exec, no scheduler or affinity changes.
@@ -90,11 +96,32 @@ pub struct Launch<'a> {
     pub balloon: bool,
     /// Wait for `migrate-incoming` instead of booting.
     pub incoming: bool,
-    /// The template's root disk (inherited as [`DISK_FD`]) with a writable layer of this
-    /// many MiB; `None` boots the initramfs alone (`base`).
-    pub disk_mib: Option<u64>,
+    /// The template's root disk (inherited as [`DISK_FD`]); `None` boots the initramfs
+    /// alone (`base`).
+    pub disk: Option<RootDisk>,
     /// silkd's flags from the template, appended after its own.
     pub silkd_args: &'a [String],
+}
+
+/// A template's read-only root disk as one launch attaches it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RootDisk {
+    /// The writable layer's size in MiB (`disk_mib`).
+    pub disk_mib: u64,
+    /// virtio-blk or virtio-pmem (`[qemu] template_disk`).
+    pub kind: TemplateDisk,
+    /// The image's size in bytes (a multiple of [`PMEM_ALIGN`] for pmem).
+    pub bytes: u64,
+}
+
+impl RootDisk {
+    /// The device silkd mounts.
+    pub fn guest_device(&self) -> &'static str {
+        match self.kind {
+            TemplateDisk::Blk => GUEST_DISK,
+            TemplateDisk::Pmem => GUEST_PMEM,
+        }
+    }
 }
 
 /// The silkd socket inside a run dir.
@@ -122,9 +149,13 @@ fn fd_path(fd: i32) -> String {
 /// then the template's silkd flags. The kernel splits init's arguments at spaces unless
 /// they are in double quotes, so an argument with whitespace is quoted (the template's
 /// metadata holds no `"`: `TemplateMeta` refuses it).
-pub fn kernel_cmdline(tsc_khz: u64, disk_mib: Option<u64>, silkd_args: &[String]) -> String {
-    let mut disk = disk_mib.map_or(String::new(), |mib| {
-        format!(" --root-disk {GUEST_DISK} --disk-mib {mib}")
+pub fn kernel_cmdline(tsc_khz: u64, disk: Option<&RootDisk>, silkd_args: &[String]) -> String {
+    let mut disk = disk.map_or(String::new(), |d| {
+        format!(
+            " --root-disk {} --disk-mib {}",
+            d.guest_device(),
+            d.disk_mib
+        )
     });
     for a in silkd_args {
         if a.contains(char::is_whitespace) {
@@ -165,7 +196,16 @@ pub fn args(l: &Launch<'_>) -> Vec<OsString> {
         Machine::Q35 => "q35",
     };
     let mem = format!("{}M", l.memory_mib);
-    push(&["-m", &mem, "-smp", &l.cpus.to_string()]);
+    let pmem = l.disk.filter(|d| d.kind == TemplateDisk::Pmem);
+    let memory = match pmem {
+        // Room for the region above RAM: a pmem device is a memory device.
+        Some(d) => format!(
+            "{mem},slots=1,maxmem={}M",
+            l.memory_mib + d.bytes.div_ceil(1 << 20)
+        ),
+        None => mem.clone(),
+    };
+    push(&["-m", &memory, "-smp", &l.cpus.to_string()]);
     push(&[
         "-nodefaults",
         "-no-user-config",
@@ -198,7 +238,7 @@ pub fn args(l: &Launch<'_>) -> Vec<OsString> {
     push(&["-initrd", &fd_path(INITRD_FD)]);
     push(&[
         "-append",
-        &kernel_cmdline(l.tsc_khz, l.disk_mib, l.silkd_args),
+        &kernel_cmdline(l.tsc_khz, l.disk.as_ref(), l.silkd_args),
     ]);
     push(&["-device", &format!("{serial_dev},id=vs0")]);
     let chan = format!("socket,id=ch0,fd={CHANNEL_FD},server=on,wait=off");
@@ -210,18 +250,32 @@ pub fn args(l: &Launch<'_>) -> Vec<OsString> {
             &format!("{balloon_dev},id=balloon0,deflate-on-oom=on"),
         ]);
     }
-    if l.disk_mib.is_some() {
-        // virtio-blk, not virtio-pmem: pmem's region is guest RAM to migration, so every
-        // golden's state would carry the image unless it is mapped shared and skipped by
-        // x-ignore-shared, which needs more care (docs/templates.md). Read-only, so no
-        // guest can write the image every guest of the template shares, and cached by
-        // the host (cache=writeback): one page cache of the image serves all QEMUs.
-        let drive = format!(
-            "file={},format=raw,readonly=on,if=none,id=root,cache=writeback",
-            fd_path(DISK_FD)
-        );
-        push(&["-drive", &drive]);
-        push(&["-device", &format!("{blk_dev},drive=root")]);
+    match l.disk.map(|d| (d.kind, d.bytes)) {
+        // Read-only, so no guest can write the image every guest of the template shares,
+        // and cached by the host (cache=writeback): one page cache of the image serves
+        // all QEMUs; each guest keeps its own page cache of what it read.
+        Some((TemplateDisk::Blk, _)) => {
+            let drive = format!(
+                "file={},format=raw,readonly=on,if=none,id=root,cache=writeback",
+                fd_path(DISK_FD)
+            );
+            push(&["-drive", &drive]);
+            push(&["-device", &format!("{blk_dev},drive=root")]);
+        }
+        // The image mapped as guest memory (DAX: the guest reads the host's page cache
+        // directly, no copy in each guest). share=on makes it a shared RAM block, which
+        // x-ignore-shared leaves out of a golden's state like the golden's RAM;
+        // readonly=on maps it read-only (guest writes are dropped, the file is opened
+        // O_RDONLY). q35 only: microvm has no device-memory region (validate.rs).
+        Some((TemplateDisk::Pmem, bytes)) => {
+            let backend = format!(
+                "memory-backend-file,id=rootimg,mem-path={},size={bytes},share=on,readonly=on",
+                fd_path(DISK_FD)
+            );
+            push(&["-object", &backend]);
+            push(&["-device", "virtio-pmem-pci,memdev=rootimg,id=pmem0"]);
+        }
+        None => {}
     }
     let qmp = format!("socket,id=qmp,fd={QMP_FD},server=on,wait=off");
     push(&["-chardev", &qmp, "-mon", "chardev=qmp,mode=control"]);
@@ -246,7 +300,7 @@ mod tests {
             tsc_khz: 2_596_122,
             balloon: true,
             incoming,
-            disk_mib: None,
+            disk: None,
             silkd_args: &[],
         })
         .into_iter()
@@ -294,7 +348,12 @@ mod tests {
         let flags: Vec<String> = ["--user", "user", "--env", "GREETING=hello there"]
             .map(String::from)
             .to_vec();
-        let line = kernel_cmdline(1, Some(64), &flags);
+        let disk = RootDisk {
+            disk_mib: 64,
+            kind: TemplateDisk::Blk,
+            bytes: 0,
+        };
+        let line = kernel_cmdline(1, Some(&disk), &flags);
         assert!(
             line.ends_with(
                 "-- --listen serial:silkd --root-disk /dev/vda --disk-mib 64 \
@@ -317,7 +376,11 @@ mod tests {
                 tsc_khz: 1,
                 balloon: true,
                 incoming,
-                disk_mib: Some(300),
+                disk: Some(RootDisk {
+                    disk_mib: 300,
+                    kind: TemplateDisk::Blk,
+                    bytes: 3 << 20,
+                }),
                 silkd_args: &[],
             })
             .into_iter()
@@ -343,6 +406,65 @@ mod tests {
         assert!(!base
             .iter()
             .any(|x| x == "-drive" || x.contains("virtio-blk")));
+    }
+
+    /// `template_disk = "pmem"`: the image is a read-only shared memory backend behind a
+    /// virtio-pmem device (room for it in maxmem), silkd mounts /dev/pmem0, and a clone
+    /// attaches it exactly as its golden did; no virtio-blk drive.
+    #[test]
+    fn a_pmem_root_disk_is_a_shared_read_only_memory_region() {
+        let args = |memory, incoming| -> Vec<String> {
+            super::args(&Launch {
+                accel: Accel::Tcg,
+                machine: Machine::Q35,
+                cpus: 1,
+                memory_mib: 512,
+                memory,
+                run_dir: Path::new("/run/x"),
+                tsc_khz: 1,
+                balloon: true,
+                incoming,
+                disk: Some(RootDisk {
+                    disk_mib: 200,
+                    kind: TemplateDisk::Pmem,
+                    bytes: 4 << 20,
+                }),
+                silkd_args: &[],
+            })
+            .into_iter()
+            .map(|s| s.into_string().unwrap())
+            .collect()
+        };
+        let golden = args(Memory::GoldenShared, false);
+        let clone = args(Memory::ClonePrivate, true);
+        let at = |v: &[String], flag: &str, with: &str| -> String {
+            v.windows(2)
+                .find(|w| w[0] == flag && w[1].contains(with))
+                .map(|w| w[1].clone())
+                .unwrap_or_default()
+        };
+        assert_eq!(at(&golden, "-m", "M"), "512M,slots=1,maxmem=516M");
+        assert_eq!(
+            at(&golden, "-object", "rootimg"),
+            "memory-backend-file,id=rootimg,mem-path=/proc/self/fd/10,size=4194304,\
+             share=on,readonly=on"
+        );
+        assert!(golden
+            .iter()
+            .any(|x| x == "virtio-pmem-pci,memdev=rootimg,id=pmem0"));
+        assert!(!golden.iter().any(|x| x == "-drive"));
+        assert!(at(&golden, "-append", "").ends_with("--root-disk /dev/pmem0 --disk-mib 200"));
+        for flag in ["-m", "-object", "-device", "-append"] {
+            assert_eq!(
+                at(&golden, flag, "pmem"),
+                at(&clone, flag, "pmem"),
+                "{flag}"
+            );
+        }
+        assert_eq!(
+            at(&golden, "-object", "rootimg"),
+            at(&clone, "-object", "rootimg")
+        );
     }
 
     #[test]

@@ -44,7 +44,7 @@ use futures::future::BoxFuture;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use self::cmdline::{Accel, Launch, Machine, Memory};
+use self::cmdline::{Accel, Launch, Machine, Memory, RootDisk, TemplateDisk};
 pub use self::guest::QemuGuest;
 use self::guest::{random_id, Parts, Qemu};
 use self::qmp::Qmp;
@@ -77,6 +77,8 @@ pub struct QemuEngine {
     accel: tokio::sync::OnceCell<Accel>,
     probe_image: Option<PathBuf>,
     machine: Machine,
+    /// How a template's image reaches its guests (`[qemu] template_disk`).
+    template_disk: TemplateDisk,
     /// This daemon's private directory under `[qemu] memory_dir`.
     memory_dir: PathBuf,
     run_root: PathBuf,
@@ -140,6 +142,7 @@ impl QemuEngine {
             accel: tokio::sync::OnceCell::new(),
             probe_image,
             machine: cfg.machine,
+            template_disk: cfg.template_disk,
             memory_dir,
             run_root,
             boot_timeout,
@@ -280,11 +283,31 @@ impl QemuEngine {
         let (kernel, initrd) = (open("vmlinuz")?, open("initramfs.cpio.gz")?);
         // Opened read-only here and inherited: QEMU can only read it, whatever it asks.
         let disk = match &boot.disk {
-            Some((path, _)) => {
-                Some(File::open(path).map_err(Error::io(format!("opening {}", path.display())))?)
+            Some((path, mib)) => {
+                let file =
+                    File::open(path).map_err(Error::io(format!("opening {}", path.display())))?;
+                let bytes = file
+                    .metadata()
+                    .map_err(Error::io(format!("stat {}", path.display())))?
+                    .len();
+                if self.template_disk == TemplateDisk::Pmem && bytes % cmdline::PMEM_ALIGN != 0 {
+                    return Err(Error::Config(format!(
+                        "{}: {bytes} bytes, not a multiple of 2 MiB, cannot be a virtio-pmem \
+                         region (`template_disk = \"pmem\"`); rebuild the image with `cargo \
+                         xtask image`, which pads it",
+                        path.display()
+                    )));
+                }
+                let disk = RootDisk {
+                    disk_mib: *mib,
+                    kind: self.template_disk,
+                    bytes,
+                };
+                Some((file, disk))
             }
             None => None,
         };
+        let (disk, root_disk) = disk.unzip();
         let run_dir = self.run_root.join(&id);
         private::fresh_dir(&run_dir)?;
         let args = cmdline::args(&Launch {
@@ -297,7 +320,7 @@ impl QemuEngine {
             tsc_khz: self.tsc_khz,
             balloon: boot.balloon,
             incoming,
-            disk_mib: boot.disk.as_ref().map(|(_, mib)| *mib),
+            disk: root_disk,
             silkd_args: &boot.silkd_args,
         });
         let readers = [self.readers_gid];
@@ -557,9 +580,10 @@ impl Engine for QemuEngine {
         // With a root disk the writable layer's size is in the snapshot (a mounted tmpfs),
         // so it keys the golden too; the disk's content is in `image_digest`.
         // silkd's template flags are parsed once, by the golden's silkd: clones inherit them.
-        let disk = boot
-            .disk
-            .map_or(String::new(), |(_, mib)| format!(" disk_mib={mib}"));
+        // How the disk is attached changes the device set, so it keys the golden too.
+        let disk = boot.disk.map_or(String::new(), |(_, mib)| {
+            format!(" disk_mib={mib} template_disk={:?}", self.template_disk)
+        });
         let silkd = boot.silkd_args.join(" ");
         Ok(format!(
             "qemu={} accel={:?} machine={:?} cpus={} memory_mib={} balloon={} image={digest}{disk} silkd=[{silkd}]",
