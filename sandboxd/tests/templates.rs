@@ -149,7 +149,7 @@ async fn runtimes_run_as_the_template_user_in_its_home() {
     let first = status_field(pid, "Uid:").unwrap() as u32;
     let range = uid_range(&d.dir);
     assert!(
-        range.contains(&first) && (first - range.start) % UID_BLOCK == 0,
+        range.contains(&first) && (first - range.start).is_multiple_of(UID_BLOCK),
         "{first}"
     );
     let owner = |f: &str| std::fs::metadata(format!("/proc/{pid}/root/tmp/{f}")).unwrap();

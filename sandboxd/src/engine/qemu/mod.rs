@@ -290,7 +290,9 @@ impl QemuEngine {
                     .metadata()
                     .map_err(Error::io(format!("stat {}", path.display())))?
                     .len();
-                if self.template_disk == TemplateDisk::Pmem && bytes % cmdline::PMEM_ALIGN != 0 {
+                if self.template_disk == TemplateDisk::Pmem
+                    && !bytes.is_multiple_of(cmdline::PMEM_ALIGN)
+                {
                     return Err(Error::Config(format!(
                         "{}: {bytes} bytes, not a multiple of 2 MiB, cannot be a virtio-pmem \
                          region (`template_disk = \"pmem\"`); rebuild the image with `cargo \
