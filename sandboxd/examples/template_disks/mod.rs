@@ -88,7 +88,7 @@ pub async fn compare(base: &Path, default: &Path, tmp: &Path) -> Result<(), BoxE
         for g in idle {
             g.destroy().await;
         }
-        engine.shutdown();
+        engine.shutdown(false);
     }
     Ok(())
 }

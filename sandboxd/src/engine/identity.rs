@@ -122,7 +122,13 @@ impl Identities {
                 )))
             }
         };
-        if !self.state.lock().expect("identities lock").used.insert(index) {
+        if !self
+            .state
+            .lock()
+            .expect("identities lock")
+            .used
+            .insert(index)
+        {
             return Err(Error::Engine(format!(
                 "uid {uid} is in use by another guest"
             )));
