@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use testkit::silkd::Silkd;
-use testkit::silkd_files::{random_bytes, raw_tar_entry, write_req};
+use testkit::silkd_files::{random_bytes, raw_tar, raw_tar_entry, write_req};
 use testkit::wait_until;
 use wire::files::{FileKind, FsEventKind, List, Mkdir, PathArg, Remove, Rename, Watch};
 use wire::{ErrorKind, Request, Response};
@@ -318,9 +318,24 @@ async fn hostile_archives_are_refused() {
         raw_tar_entry("../evil", Regular, None, b"x"),
         raw_tar_entry("./a/../../evil", Regular, None, b"x"),
         raw_tar_entry("/evil", Regular, None, b"x"),
-        raw_tar_entry("link", Symlink, Some("../evil"), b""),
-        raw_tar_entry("a/link", Symlink, Some("../../evil"), b""),
-        raw_tar_entry("link", Symlink, Some("/etc/passwd"), b""),
+        // A symlink may point anywhere, but nothing is written through one.
+        raw_tar(&[
+            raw_tar_entry("link", Symlink, Some(".."), b""),
+            raw_tar_entry("link/evil", Regular, None, b"x"),
+        ]),
+        raw_tar(&[
+            raw_tar_entry("a/link", Symlink, Some(&d.to_string_lossy()), b""),
+            raw_tar_entry("a/link/evil", Regular, None, b"x"),
+        ]),
+        raw_tar(&[
+            raw_tar_entry("sub/", Directory, None, b""),
+            raw_tar_entry("in", Symlink, Some("sub"), b""),
+            raw_tar_entry("in/evil", Regular, None, b"x"),
+        ]),
+        raw_tar(&[
+            raw_tar_entry("link", Symlink, Some(&d.to_string_lossy()), b""),
+            raw_tar_entry("hard", Link, Some("link/evil"), b""),
+        ]),
         raw_tar_entry("hard", Link, Some("../evil"), b""),
         raw_tar_entry("dev", Char, None, b""),
     ];
@@ -333,6 +348,35 @@ async fn hostile_archives_are_refused() {
         assert!(leftovers(&d.join(format!("t{i}"))).is_empty(), "case {i}");
         assert!(!d.join("evil").exists() && !d.join(format!("t{i}/evil")).exists());
     }
+    // A symlink already in an existing target is not written through either.
+    std::fs::create_dir(d.join("merge")).unwrap();
+    std::os::unix::fs::symlink(d, d.join("merge/link")).unwrap();
+    let mut c = silkd.connect().await;
+    let tar = raw_tar_entry("link/evil", Regular, None, b"x");
+    let e = c.tar_in(&p(d, "merge"), &tar).await.unwrap_err();
+    assert_eq!(e.0, ErrorKind::BadRequest, "{e:?}");
+    assert!(!d.join("evil").exists());
+    // Absolute and upward symlinks as entries are kept as they are (a venv's python).
+    let mut c = silkd.connect().await;
+    let venv = raw_tar(&[
+        raw_tar_entry("bin/", Directory, None, b""),
+        raw_tar_entry("bin/python", Symlink, Some("/usr/bin/python3"), b""),
+        raw_tar_entry("up", Symlink, Some("../.."), b""),
+        raw_tar_entry("bin/tool", Regular, None, b"#!/bin/sh\n"),
+    ]);
+    c.tar_in(&p(d, "venv"), &venv).await.unwrap();
+    assert_eq!(
+        std::fs::read_link(d.join("venv/bin/python")).unwrap(),
+        Path::new("/usr/bin/python3")
+    );
+    assert_eq!(
+        std::fs::read_link(d.join("venv/up")).unwrap(),
+        Path::new("../..")
+    );
+    assert_eq!(
+        std::fs::read(d.join("venv/bin/tool")).unwrap(),
+        b"#!/bin/sh\n"
+    );
     // A truncated archive (connection gone mid-entry) leaves nothing either.
     let mut c = silkd.connect().await;
     let good = raw_tar_entry("f", Regular, None, &[7; 4096]);

@@ -139,3 +139,14 @@ pub fn raw_tar_entry(name: &str, kind: tar::EntryType, link: Option<&str>, body:
     out.extend_from_slice(&[0u8; 1024]);
     out
 }
+
+/// One archive of several [`raw_tar_entry`] outputs, in order (each one's end-of-archive
+/// blocks dropped, one kept at the end): e.g. a symlink, then a file written through it.
+pub fn raw_tar(entries: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for e in entries {
+        out.extend_from_slice(&e[..e.len() - 1024]);
+    }
+    out.extend_from_slice(&[0u8; 1024]);
+    out
+}

@@ -214,3 +214,19 @@ pub struct FsEvent {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<String>,
 }
+
+/// How many levels below an archive's root the entry `name` sits: the number of its
+/// normal components; `None` for an absolute path or one holding `..`. Shared by
+/// silkd and the SDK, which both unpack archives the other side built (untrusted).
+pub fn inside_depth(name: &std::path::Path) -> Option<usize> {
+    use std::path::Component;
+    let mut n = 0;
+    for c in name.components() {
+        match c {
+            Component::Normal(_) => n += 1,
+            Component::CurDir => {}
+            Component::ParentDir | Component::RootDir | Component::Prefix(_) => return None,
+        }
+    }
+    Some(n)
+}

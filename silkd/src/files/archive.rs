@@ -1,9 +1,11 @@
 //! Directories as tar archives (the `tar` crate), on the verb's thread. Packing streams
 //! the archive into `data` frames as it is built (links stored as links, never
 //! followed). Unpacking reads the `data` frames as they come and refuses, before writing
-//! it, any entry whose path is absolute or holds `..`, any symlink or hard link that
-//! would point outside the directory, and device or FIFO entries; `unpack_in` also
-//! refuses to write through a link a previous entry planted. A directory that did not
+//! it, any entry whose path is absolute or holds `..`, any hard link leaving the
+//! directory, device or FIFO entries, and any entry that would be written through a
+//! symlink (one an earlier entry made or one already there). A symlink's own target may
+//! be anything (a venv's `python -> /usr/bin/python3`): it is stored, never followed. A
+//! directory that did not
 //! exist is unpacked into a temp directory beside it and renamed into place at the end,
 //! so an interrupted or refused upload leaves nothing there.
 
@@ -12,7 +14,7 @@ use std::path::{Component, Path};
 
 use tar::EntryType;
 use tokio::sync::mpsc;
-use wire::files::DATA_CHUNK;
+use wire::files::{inside_depth, DATA_CHUNK};
 use wire::Response;
 
 use super::io::{sync_dir, temp_name};
@@ -115,7 +117,7 @@ pub fn unpack(path: &Path, rx: mpsc::Receiver<Chunk>) -> Result<()> {
     for entry in archive.entries().map_err(tar_err)? {
         let mut entry = entry.map_err(tar_err)?;
         let name = entry.path().map_err(tar_err)?.into_owned();
-        check_entry(&name, &entry)?;
+        check_entry(dest, &name, &entry)?;
         if name.components().all(|c| c == Component::CurDir) {
             continue; // the archive's root: `dest` itself
         }
@@ -144,34 +146,12 @@ fn refused(name: &Path, why: &str) -> Error {
     ))
 }
 
-/// Refuses entries that could reach outside the directory or make devices.
-fn check_entry<R: Read>(name: &Path, entry: &tar::Entry<'_, R>) -> Result<()> {
-    let depth_of_parent = inside_depth(name).ok_or_else(|| refused(name, "absolute or `..`"))?;
+/// Refuses entries that could reach outside the directory or make devices: checked on
+/// the name, the type and, on disk, the directories the entry would be written in.
+fn check_entry<R: Read>(dest: &Path, name: &Path, entry: &tar::Entry<'_, R>) -> Result<()> {
+    inside_depth(name).ok_or_else(|| refused(name, "absolute or `..`"))?;
     match entry.header().entry_type() {
-        EntryType::Regular | EntryType::Continuous | EntryType::Directory => Ok(()),
-        EntryType::Symlink => {
-            let target = entry
-                .link_name()
-                .ok()
-                .flatten()
-                .ok_or_else(|| refused(name, "symlink without a target"))?;
-            // Resolved lexically from the link's directory, it must stay inside.
-            let mut depth = depth_of_parent as i64 - 1;
-            for c in target.components() {
-                match c {
-                    Component::Normal(_) => depth += 1,
-                    Component::CurDir => {}
-                    Component::ParentDir => depth -= 1,
-                    Component::RootDir | Component::Prefix(_) => {
-                        return Err(refused(name, "symlink to an absolute path"))
-                    }
-                }
-                if depth < 0 {
-                    return Err(refused(name, "symlink pointing outside the directory"));
-                }
-            }
-            Ok(())
-        }
+        EntryType::Regular | EntryType::Continuous | EntryType::Directory | EntryType::Symlink => {}
         EntryType::Link => {
             let target = entry
                 .link_name()
@@ -179,27 +159,42 @@ fn check_entry<R: Read>(name: &Path, entry: &tar::Entry<'_, R>) -> Result<()> {
                 .flatten()
                 .ok_or_else(|| refused(name, "hard link without a target"))?;
             inside_depth(&target)
-                .map(drop)
-                .ok_or_else(|| refused(name, "hard link to outside the directory"))
+                .ok_or_else(|| refused(name, "hard link to outside the directory"))?;
+            no_symlink_on_the_way(dest, name, &target)?;
         }
-        other => Err(refused(
-            name,
-            &format!("entry type {other:?} is not unpacked"),
-        )),
+        other => {
+            return Err(refused(
+                name,
+                &format!("entry type {other:?} is not unpacked"),
+            ))
+        }
     }
+    no_symlink_on_the_way(dest, name, name)
 }
 
-/// The number of normal components of a relative path without `..`; `None` otherwise.
-fn inside_depth(p: &Path) -> Option<usize> {
-    let mut n = 0;
-    for c in p.components() {
-        match c {
-            Component::Normal(_) => n += 1,
-            Component::CurDir => {}
-            Component::ParentDir | Component::RootDir | Component::Prefix(_) => return None,
+/// Refuses `name` when a directory on the way to `path` (below `dest`) is a symlink. An
+/// lstat walk, not `openat2(RESOLVE_NO_SYMLINKS)`, because the `tar` crate writes by path.
+/// It stops the archive itself, whatever its entries; a process in the sandbox that swaps
+/// a checked directory for a link between this walk and the write is not stopped (that
+/// needs an unpacker writing through directory fds), but it only redirects a write made
+/// with the acting user's file-system ids, so it matters only for an upload as another
+/// user than the one racing.
+fn no_symlink_on_the_way(dest: &Path, name: &Path, path: &Path) -> Result<()> {
+    let mut at = dest.to_path_buf();
+    for c in path.parent().into_iter().flat_map(|p| p.components()) {
+        if let Component::Normal(part) = c {
+            at.push(part);
+            match std::fs::symlink_metadata(&at) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    return Err(refused(name, "written through a symlink"))
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+                Err(e) => return Err(Error::fs("stat of", &at, e)),
+            }
         }
     }
-    Some(n)
+    Ok(())
 }
 
 /// The peer's chunks as a `Read`: `End` is end of file, a closed queue an error.
