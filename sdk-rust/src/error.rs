@@ -67,6 +67,10 @@ pub enum Error {
     /// Connecting, sending or receiving failed (daemon down, connection reset).
     #[error("transport: {0}")]
     Transport(TransportError),
+    /// A local file or directory of a transfer could not be read or written (the files
+    /// API: `upload_dir`, `download_dir`, `read_to`, `write_from`).
+    #[error("local: {0}")]
+    Local(String),
     /// The URL given to [`Client::new`](crate::Client::new) is not one the SDK can dial.
     #[error("invalid url {0}")]
     InvalidUrl(String),

@@ -1,5 +1,5 @@
 //! `sandbox_sdk`: the Rust client for sandboxd — claim a sandbox, run commands in it
-//! (buffered or streaming), give it back. The `sbx` CLI (its own crate) is built on it.
+//! (buffered or streaming), move files in and out, give it back. The `sbx` CLI (its own crate) is built on it.
 //!
 //! # Layout
 //!
@@ -16,7 +16,11 @@
 //! 6. `process.rs`: [`Process`], a spawned command (stdin, output streams, wait, kill),
 //!    and [`Sandbox::spawn`] that starts it. Nothing it started keeps running once it is
 //!    dropped.
-//! 7. `client.rs`: [`Client`], a node's URL and caller token; claim, list, info. It makes
+//! 7. `archive.rs`: local directories as tar streams, packed and unpacked on the fly on a
+//!    blocking thread; an archive from a sandbox is checked as untrusted.
+//! 8. `files.rs`: [`Files`], a sandbox's files from [`Sandbox::files`]: read and write
+//!    streamed, stat, list, mkdir, remove, rename, directories, [`Watch`].
+//! 9. `client.rs`: [`Client`], a node's URL and caller token; claim, list, info. It makes
 //!    [`Sandbox`] handles that share its connection pool.
 //!
 //! HTTP bodies come from the `api` crate that sandboxd uses too; relay frames from `wire`.
@@ -39,9 +43,11 @@
 //! `examples/quickstart.rs` is the snippet of `docs/sdk.md`; the test suite runs it.
 #![deny(missing_docs)]
 
+mod archive;
 mod client;
 mod command;
 mod error;
+mod files;
 mod process;
 mod relay;
 mod sandbox;
@@ -51,20 +57,24 @@ pub use api::{InfoResponse, SandboxState, SandboxSummary};
 pub use client::{ClaimOptions, Client, DEFAULT_BUSY_RETRIES, DEFAULT_URL};
 pub use command::{Command, ExitStatus, Output};
 pub use error::{Error, Result, TransportError};
+pub use files::{Files, Watch};
 pub use process::{Event, OutputStream, Process, ProcessStdin};
 pub use sandbox::Sandbox;
+pub use wire::files::{FileEntry, FileKind, FsEvent, FsEventKind};
 pub use wire::{ProcInfo, ProcState};
 
 #[cfg(test)]
 mod tests {
     /// The modules of `# Layout`, in order, with their source.
-    const LAYERS: [(&str, &str); 7] = [
+    const LAYERS: [(&str, &str); 9] = [
         ("error", include_str!("error.rs")),
         ("command", include_str!("command.rs")),
         ("transport", include_str!("transport.rs")),
         ("relay", include_str!("relay.rs")),
         ("sandbox", include_str!("sandbox.rs")),
         ("process", include_str!("process.rs")),
+        ("archive", include_str!("archive.rs")),
+        ("files", include_str!("files.rs")),
         ("client", include_str!("client.rs")),
     ];
 

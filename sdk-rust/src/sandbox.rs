@@ -178,7 +178,12 @@ impl Sandbox {
         relay::connect(&self.http, &self.path("agent"), self.token()).await
     }
 
-    fn path(&self, verb: &str) -> String {
+    /// The node's connection pool.
+    pub(crate) fn http(&self) -> &Http {
+        &self.http
+    }
+
+    pub(crate) fn path(&self, verb: &str) -> String {
         format!("/v1/sandboxes/{}/{verb}", self.id)
     }
 

@@ -1,5 +1,6 @@
-//! HTTP to sandboxd: one pooled hyper client over TCP or a Unix socket, JSON bodies, and
-//! the relay's `Upgrade: silkd`. Knows routes only as paths; nothing about sandboxes.
+//! HTTP to sandboxd: one pooled hyper client over TCP or a Unix socket, JSON bodies,
+//! streamed bodies both ways (the file routes), and the relay's `Upgrade: silkd`. Knows
+//! routes only as paths; nothing about sandboxes.
 
 use std::future::Future;
 use std::io;
@@ -10,10 +11,12 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
 use hyper::header::{HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_TYPE, UPGRADE};
 use hyper::upgrade::Upgraded;
-use hyper::{Method, Request, StatusCode, Uri};
+use hyper::{Method, Request, Response, StatusCode, Uri};
 use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::client::legacy::Client as PooledClient;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -31,6 +34,17 @@ const MIN_BUSY_WAIT: Duration = Duration::from_millis(100);
 
 /// Longest wait between two tries of a busy request, whatever `Retry-After` says.
 const MAX_BUSY_WAIT: Duration = Duration::from_secs(30);
+
+/// A request body: whole (JSON) or streamed (a file upload). Not `Sync`, so that any
+/// `AsyncRead + Send` can feed an upload.
+pub(crate) type Body = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
+
+/// A whole request body.
+pub(crate) fn full(bytes: Bytes) -> Body {
+    Full::new(bytes)
+        .map_err(|never| match never {})
+        .boxed_unsync()
+}
 
 /// Where sandboxd listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -203,7 +217,7 @@ impl Answer {
 /// The pooled HTTP client for one node. Cheap to clone; clones share connections.
 #[derive(Clone)]
 pub(crate) struct Http {
-    client: PooledClient<Connector, Full<Bytes>>,
+    client: PooledClient<Connector, Body>,
     base: Arc<str>,
 }
 
@@ -233,7 +247,7 @@ impl Http {
         if let Some(body) = json {
             req.headers_mut()
                 .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            *req.body_mut() = Full::new(Bytes::from(body));
+            *req.body_mut() = full(Bytes::from(body));
         }
         let resp = self.client.request(req).await.map_err(Error::transport)?;
         let (parts, body) = resp.into_parts();
@@ -283,35 +297,37 @@ impl Http {
         headers.insert(UPGRADE, HeaderValue::from_static("silkd"));
         let resp = self.client.request(req).await.map_err(Error::transport)?;
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-            let (parts, body) = resp.into_parts();
-            let body = Limited::new(body, 64 * 1024)
-                .collect()
-                .await
-                .map(|b| b.to_bytes())
-                .unwrap_or_default();
-            let answer = Answer {
-                status: parts.status,
-                headers: parts.headers,
-                body,
-            };
-            return Err(answer
-                .expect(StatusCode::SWITCHING_PROTOCOLS)
-                .expect_err("the status is not 101"));
+            return Err(refusal(resp, StatusCode::SWITCHING_PROTOCOLS).await);
         }
         hyper::upgrade::on(resp).await.map_err(Error::transport)
     }
 
-    fn request(
+    /// Sends `body` (streamed as it is produced) and returns the answer with its body
+    /// unread, when its status is `expected`; else the matching [`Error`]. No timeout: a
+    /// transfer takes as long as its bytes take.
+    pub(crate) async fn stream(
         &self,
         method: Method,
         path: &str,
         token: Option<&str>,
-    ) -> Result<Request<Full<Bytes>>> {
+        body: Body,
+        expected: StatusCode,
+    ) -> Result<Response<Incoming>> {
+        let mut req = self.request(method, path, token)?;
+        *req.body_mut() = body;
+        let resp = self.client.request(req).await.map_err(Error::transport)?;
+        if resp.status() != expected {
+            return Err(refusal(resp, expected).await);
+        }
+        Ok(resp)
+    }
+
+    fn request(&self, method: Method, path: &str, token: Option<&str>) -> Result<Request<Body>> {
         let uri = format!("{}{path}", self.base);
         let mut req = Request::builder()
             .method(method)
             .uri(uri)
-            .body(Full::new(Bytes::new()))
+            .body(full(Bytes::new()))
             .map_err(|e| Error::InvalidUrl(e.to_string()))?;
         if let Some(token) = token {
             let value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
@@ -321,6 +337,24 @@ impl Http {
         }
         Ok(req)
     }
+}
+
+/// The error an answer other than `expected` stands for; reads at most 64 KiB of its body.
+async fn refusal(resp: Response<Incoming>, expected: StatusCode) -> Error {
+    let (parts, body) = resp.into_parts();
+    let body = Limited::new(body, 64 * 1024)
+        .collect()
+        .await
+        .map(|b| b.to_bytes())
+        .unwrap_or_default();
+    let answer = Answer {
+        status: parts.status,
+        headers: parts.headers,
+        body,
+    };
+    answer
+        .expect(expected)
+        .expect_err("the status is not the expected one")
 }
 
 #[cfg(test)]

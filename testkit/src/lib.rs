@@ -23,6 +23,7 @@
 //!   handles, tampering as an attacker or a crash would), processes by start time, and a
 //!   relayed `Info`.
 //! - [`silkd_files`]: the file verbs spoken to a real silkd, random contents, hostile tars.
+//! - [`trees`]: local trees with many files, modes and symlinks, compared exactly.
 //! - [`sdk`]: the SDK tests' daemon and what runs in a sandbox, asked through the SDK.
 //! - [`vm`]: what the VM tests need from the host (QEMU, the guest image).
 //! - [`leftovers`]: counting a process-engine daemon's processes, sandbox dirs, sockets
@@ -52,6 +53,7 @@ pub mod setup;
 pub mod silkd;
 pub mod silkd_files;
 pub mod tmpfs;
+pub mod trees;
 pub mod vm;
 pub mod vm_disk;
 pub mod vm_leftovers;
