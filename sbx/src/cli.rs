@@ -59,11 +59,24 @@ pub enum Cmd {
         #[arg(long)]
         ttl: u64,
     },
-    /// List sandboxes (root: all; tenant: its own).
+    /// List sandboxes (root: all; tenant: its own), or with ID:PATH a sandbox's directory.
     Ls {
+        /// ID:PATH: list this directory (or describe this file) in the sandbox.
+        target: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Copy files or directories into or out of a sandbox: `sbx cp ./dir ID:/home/user/dir`,
+    /// `sbx cp ID:/path ./local`. Directories travel as a tar stream (modes, symlinks kept).
+    Cp {
+        /// The source: a local path or ID:PATH.
+        src: String,
+        /// The destination: ID:PATH or a local path.
+        dst: String,
+        /// Act as this user in the sandbox instead of the template's user.
+        #[arg(long, short = 'u')]
+        user: Option<String>,
     },
     /// Show the node (pools, limits, engine) as JSON, or one sandbox when given its id.
     Info {

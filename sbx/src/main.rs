@@ -1,5 +1,5 @@
 //! `sbx`: sandboxd from a terminal — claim, exec (streamed over the relay), run (claim,
-//! exec, release), release, renew, ls, info. A thin layer over `sandbox_sdk`: argument
+//! exec, release), release, renew, ls, info, cp (files in and out). A thin layer over `sandbox_sdk`: argument
 //! parsing, printing, exit codes and signals only.
 //!
 //! Exit codes: `exec` and `run` exit with the command's code (128 + signal when a signal
@@ -15,6 +15,7 @@
 mod cli;
 mod config;
 mod exec;
+mod files;
 mod manage;
 mod progress;
 
@@ -26,6 +27,7 @@ use sandbox_sdk::{Client, Error};
 use crate::cli::{Cli, Cmd};
 use crate::config::resolve;
 use crate::exec::{exec_cmd, run_cmd};
+use crate::files::{cp_cmd, ls_files_cmd};
 use crate::manage::{claim_cmd, info_cmd, ls_cmd, renew_cmd};
 
 #[tokio::main(flavor = "current_thread")]
@@ -48,7 +50,12 @@ async fn main() -> ExitCode {
         Cmd::Run { claim, run } => run_cmd(&client, claim, run).await,
         Cmd::Release { id } => plain(client.sandbox(id).release().await),
         Cmd::Renew { id, ttl } => plain(renew_cmd(&client, id, ttl).await),
-        Cmd::Ls { json } => plain(ls_cmd(&client, json).await),
+        Cmd::Ls { target: None, json } => plain(ls_cmd(&client, json).await),
+        Cmd::Ls {
+            target: Some(target),
+            json,
+        } => plain(ls_files_cmd(&client, &target, json).await),
+        Cmd::Cp { src, dst, user } => plain(cp_cmd(&client, &src, &dst, user).await),
         Cmd::Info { id } => plain(info_cmd(&client, id).await),
     };
     // Exit here rather than return: a stdin copy may still be blocked reading our stdin,

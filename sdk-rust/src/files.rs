@@ -1,17 +1,19 @@
-//! [`Files`]: a sandbox's files, from [`Sandbox::files`]. Bytes travel over the HTTP file
-//! routes, streamed both ways (`/files`, `/archive`; never held whole unless the caller
-//! asks for a `Vec`); `mkdir`, `remove` and `rename` are JSON calls; `stat`, `list` and
-//! `watch` use the relay, whose typed frames stat a directory (the HTTP `GET /fs` lists
-//! one) and carry a watch's events without an event-stream parser.
+//! [`Files`]: a sandbox's files, from [`Sandbox::files`]. Downloads stream from the HTTP
+//! file routes (`GET /files`, `GET /archive`; never held whole unless the caller asks
+//! for a `Vec`). Uploads go over the relay as `data` frames: it is full duplex, so an
+//! early refusal (a full disk, a forbidden path) arrives as a frame while the body is
+//! still being sent, where an HTTP server answering before it read the body races the
+//! client's write and the answer can be lost to a broken pipe. `mkdir`, `remove` and
+//! `rename` are JSON calls; `stat`, `list` and `watch` use the relay too, whose typed
+//! frames stat a directory (`GET /fs` lists one) and carry a watch's events.
 
 use std::path::Path;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
-use futures::{SinkExt, Stream, StreamExt, TryStreamExt};
-use http_body_util::{BodyExt, StreamBody};
-use hyper::body::Frame;
+use futures::{SinkExt, Stream, StreamExt};
+use http_body_util::BodyExt;
 use hyper::{Method, StatusCode};
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use wire::files::{self as wf, FileEntry, FsEvent};
@@ -21,7 +23,6 @@ use crate::archive;
 use crate::error::{Error, Result};
 use crate::relay::Relay;
 use crate::sandbox::Sandbox;
-use crate::transport::{self, Body};
 
 /// A sandbox's files. Paths are absolute, or relative to the template's workdir; every
 /// call acts as the template's user unless [`as_user`](Files::as_user) says otherwise,
@@ -61,15 +62,7 @@ impl Files {
     /// Streams the file into `out` as it arrives; returns the bytes written. A download
     /// cut short (the guest failed) is an error, never a short success.
     pub async fn read_to<W: AsyncWrite + Unpin>(&self, path: &str, out: &mut W) -> Result<u64> {
-        let resp = self
-            .http_stream(
-                Method::GET,
-                "files",
-                path,
-                &[],
-                transport::full(Bytes::new()),
-            )
-            .await?;
+        let resp = self.http_stream(Method::GET, "files", path, &[]).await?;
         let mut body = resp.into_body();
         let mut total = 0;
         while let Some(frame) = body.frame().await {
@@ -90,8 +83,9 @@ impl Files {
     /// Writes `data` to the file (parents created), replacing it whole: a reader in the
     /// sandbox sees the old file or the new one, never half of one.
     pub async fn write(&self, path: &str, data: impl Into<Bytes>) -> Result<FileEntry> {
-        self.upload_file(path, None, transport::full(data.into()))
-            .await
+        let data: Bytes = data.into();
+        let pieces = futures::stream::iter([Ok::<_, std::io::Error>(data)]);
+        self.upload_file(path, None, pieces).await
     }
 
     /// Writes what `source` yields until its end, streamed (never held whole), with
@@ -101,26 +95,67 @@ impl Files {
     where
         R: AsyncRead + Send + 'static,
     {
-        let frames = tokio_util::io::ReaderStream::with_capacity(source, wf::DATA_CHUNK)
-            .map_ok(Frame::data)
-            .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>);
-        self.upload_file(path, mode, StreamBody::new(frames).boxed_unsync())
-            .await
+        let pieces = tokio_util::io::ReaderStream::with_capacity(source, wf::DATA_CHUNK);
+        self.upload_file(path, mode, pieces).await
     }
 
-    async fn upload_file(&self, path: &str, mode: Option<u32>, body: Body) -> Result<FileEntry> {
-        let mode = mode.map(|m| format!("{m:o}"));
-        let extra: Vec<(&str, &str)> = mode.iter().map(|m| ("mode", m.as_str())).collect();
-        let resp = self
-            .http_stream(Method::PUT, "files", path, &extra, body)
-            .await?;
-        let body = resp
-            .into_body()
-            .collect()
+    async fn upload_file(
+        &self,
+        path: &str,
+        mode: Option<u32>,
+        pieces: impl Stream<Item = std::io::Result<Bytes>>,
+    ) -> Result<FileEntry> {
+        let verb = Request::FileWrite(wf::FileWrite {
+            path: path.into(),
+            mode,
+            append: false,
+            parents: true,
+            user: self.user.clone(),
+        });
+        match self.upload(verb, pieces).await? {
+            Response::Stat(e) => Ok(e),
+            other => Err(Error::Protocol(format!("expected stat, got {other:?}"))),
+        }
+    }
+
+    /// Sends `verb`, then `pieces` as `data` frames and `data_end`, on a fresh relay
+    /// connection, and returns the answer. An answer that comes early (an error) ends the
+    /// upload at once; a piece that fails drops the connection before `data_end`, so the
+    /// guest commits nothing.
+    async fn upload(
+        &self,
+        verb: Request,
+        pieces: impl Stream<Item = std::io::Result<Bytes>>,
+    ) -> Result<Response> {
+        let relay = self.sandbox.relay().await?;
+        let (mut sink, mut answers) = relay.split();
+        sink.send(verb).await.map_err(Error::transport)?;
+        let mut pieces = std::pin::pin!(pieces);
+        loop {
+            let piece = tokio::select! {
+                piece = pieces.next() => piece,
+                early = answers.next() => return Err(match answer(early) {
+                    Err(e) => e,
+                    Ok(other) => Error::Protocol(format!("an answer before data_end: {other:?}")),
+                }),
+            };
+            match piece {
+                Some(Ok(data)) => {
+                    for chunk in data.chunks(wf::DATA_CHUNK) {
+                        let frame = Request::Data {
+                            data: chunk.to_vec(),
+                        };
+                        sink.send(frame).await.map_err(Error::transport)?;
+                    }
+                }
+                Some(Err(e)) => return Err(Error::Local(format!("reading the upload: {e}"))),
+                None => break,
+            }
+        }
+        sink.send(Request::DataEnd)
             .await
-            .map_err(Error::transport)?
-            .to_bytes();
-        entry_from_json(&body)
+            .map_err(Error::transport)?;
+        answer(answers.next().await)
     }
 
     /// One path's metadata; a symlink is described, not followed.
@@ -181,15 +216,9 @@ impl Files {
         } else {
             &[]
         };
-        self.http_stream(
-            Method::DELETE,
-            "fs",
-            path,
-            extra,
-            transport::full(Bytes::new()),
-        )
-        .await
-        .map(drop)
+        self.http_stream(Method::DELETE, "fs", path, extra)
+            .await
+            .map(drop)
     }
 
     /// Renames (moves) `from` to `to` inside the sandbox.
@@ -206,25 +235,21 @@ impl Files {
     /// sent (modes, mtimes and symlinks kept; links are never followed). A `remote` that
     /// did not exist appears whole or not at all; an existing one is merged into.
     pub async fn upload_dir(&self, local: &Path, remote: &str) -> Result<()> {
-        let (stream, packer) = archive::pack(local.to_path_buf());
-        let frames = stream
-            .map_ok(Frame::data)
-            .map_err(|e| Box::new(e) as Box<dyn std::error::Error + Send + Sync>);
-        let sent = self
-            .http_stream(
-                Method::PUT,
-                "archive",
-                remote,
-                &[],
-                StreamBody::new(frames).boxed_unsync(),
-            )
-            .await;
-        // A local failure explains a cut-off upload better than the transport error.
+        let (pieces, packer) = archive::pack(local.to_path_buf());
+        let verb = Request::TarIn(wf::TarIn {
+            path: remote.into(),
+            user: self.user.clone(),
+        });
+        let sent = self.upload(verb, pieces).await;
+        // A local failure explains a cut-off upload better than what the upload saw.
         let packed = packer
             .await
             .map_err(|e| Error::Local(format!("archiving {}: {e}", local.display())))?;
         packed?;
-        sent.map(drop)
+        match sent? {
+            Response::Done => Ok(()),
+            other => Err(Error::Protocol(format!("expected done, got {other:?}"))),
+        }
     }
 
     /// Copies the sandbox's directory `remote` to the local `local`, unpacked while it
@@ -234,13 +259,7 @@ impl Files {
     /// whole or not at all; an existing one is merged into.
     pub async fn download_dir(&self, remote: &str, local: &Path) -> Result<()> {
         let resp = self
-            .http_stream(
-                Method::GET,
-                "archive",
-                remote,
-                &[],
-                transport::full(Bytes::new()),
-            )
+            .http_stream(Method::GET, "archive", remote, &[])
             .await?;
         let unpacker = archive::unpack(local.to_path_buf());
         let mut body = resp.into_body();
@@ -320,12 +339,11 @@ impl Files {
         verb: &str,
         path: &str,
         extra: &[(&str, &str)],
-        body: Body,
     ) -> Result<hyper::Response<hyper::body::Incoming>> {
-        let expected = match (&method, verb) {
-            (&Method::DELETE, _) => StatusCode::NO_CONTENT,
-            (&Method::PUT, "archive") => StatusCode::NO_CONTENT,
-            _ => StatusCode::OK,
+        let expected = if method == Method::DELETE {
+            StatusCode::NO_CONTENT
+        } else {
+            StatusCode::OK
         };
         let mut query = format!("path={}", encode(path));
         for (k, v) in extra {
@@ -337,7 +355,7 @@ impl Files {
         let route = format!("{}?{query}", self.sandbox.path(verb));
         self.sandbox
             .http()
-            .stream(method, &route, self.sandbox.token(), body, expected)
+            .stream(method, &route, self.sandbox.token(), expected)
             .await
     }
 }
@@ -385,28 +403,17 @@ async fn send(relay: &mut Relay, req: Request) -> Result<()> {
 
 /// The next answer; a guest `Error` frame becomes the matching [`Error`].
 async fn next(relay: &mut Relay) -> Result<Response> {
-    match relay.next().await {
+    answer(relay.next().await)
+}
+
+/// A frame read from the relay as an answer.
+fn answer(frame: Option<std::result::Result<Response, wire::Error>>) -> Result<Response> {
+    match frame {
         Some(Ok(Response::Error { kind, message })) => Err(Error::from_guest(kind, message)),
         Some(Ok(answer)) => Ok(answer),
         Some(Err(e)) => Err(Error::transport(e)),
         None => Err(Error::Protocol("the relay closed without an answer".into())),
     }
-}
-
-/// The `{name, type, size, mode, mtime, target?}` of a write's answer, typed.
-fn entry_from_json(body: &[u8]) -> Result<FileEntry> {
-    let e: api::files::FileEntry = serde_json::from_slice(body)
-        .map_err(|e| Error::Protocol(format!("cannot decode the write's answer: {e}")))?;
-    let kind = serde_json::from_value(serde_json::Value::String(e.kind.clone()))
-        .map_err(|_| Error::Protocol(format!("unknown file type {:?}", e.kind)))?;
-    Ok(FileEntry {
-        name: e.name,
-        kind,
-        size: e.size,
-        mode: e.mode,
-        mtime: e.mtime,
-        target: e.target,
-    })
 }
 
 /// Percent-encodes a query value: everything but unreserved characters and `/`.
@@ -433,16 +440,5 @@ mod tests {
             encode("/home/user/a b&c=d%é"),
             "/home/user/a%20b%26c%3Dd%25%C3%A9"
         );
-    }
-
-    #[test]
-    fn a_write_answer_becomes_a_typed_entry() {
-        let e = entry_from_json(br#"{"name":"f","type":"file","size":3,"mode":420,"mtime":7}"#)
-            .unwrap();
-        assert_eq!((e.kind, e.size, e.mode), (wf::FileKind::File, 3, 0o644));
-        assert!(matches!(
-            entry_from_json(br#"{"name":"f","type":"blob","size":3,"mode":420,"mtime":7}"#),
-            Err(Error::Protocol(_))
-        ));
     }
 }

@@ -1,5 +1,5 @@
 //! HTTP to sandboxd: one pooled hyper client over TCP or a Unix socket, JSON bodies,
-//! streamed bodies both ways (the file routes), and the relay's `Upgrade: silkd`. Knows
+//! answers streamed as they arrive (downloads), and the relay's `Upgrade: silkd`. Knows
 //! routes only as paths; nothing about sandboxes.
 
 use std::future::Future;
@@ -11,7 +11,6 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::combinators::UnsyncBoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, AUTHORIZATION, CONNECTION, CONTENT_TYPE, UPGRADE};
@@ -34,17 +33,6 @@ const MIN_BUSY_WAIT: Duration = Duration::from_millis(100);
 
 /// Longest wait between two tries of a busy request, whatever `Retry-After` says.
 const MAX_BUSY_WAIT: Duration = Duration::from_secs(30);
-
-/// A request body: whole (JSON) or streamed (a file upload). Not `Sync`, so that any
-/// `AsyncRead + Send` can feed an upload.
-pub(crate) type Body = UnsyncBoxBody<Bytes, Box<dyn std::error::Error + Send + Sync>>;
-
-/// A whole request body.
-pub(crate) fn full(bytes: Bytes) -> Body {
-    Full::new(bytes)
-        .map_err(|never| match never {})
-        .boxed_unsync()
-}
 
 /// Where sandboxd listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -217,7 +205,7 @@ impl Answer {
 /// The pooled HTTP client for one node. Cheap to clone; clones share connections.
 #[derive(Clone)]
 pub(crate) struct Http {
-    client: PooledClient<Connector, Body>,
+    client: PooledClient<Connector, Full<Bytes>>,
     base: Arc<str>,
 }
 
@@ -247,7 +235,7 @@ impl Http {
         if let Some(body) = json {
             req.headers_mut()
                 .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-            *req.body_mut() = full(Bytes::from(body));
+            *req.body_mut() = Full::new(Bytes::from(body));
         }
         let resp = self.client.request(req).await.map_err(Error::transport)?;
         let (parts, body) = resp.into_parts();
@@ -302,19 +290,17 @@ impl Http {
         hyper::upgrade::on(resp).await.map_err(Error::transport)
     }
 
-    /// Sends `body` (streamed as it is produced) and returns the answer with its body
-    /// unread, when its status is `expected`; else the matching [`Error`]. No timeout: a
-    /// transfer takes as long as its bytes take.
+    /// Sends a body-less request and returns the answer with its body unread (to be
+    /// streamed), when its status is `expected`; else the matching [`Error`]. No timeout:
+    /// a transfer takes as long as its bytes take.
     pub(crate) async fn stream(
         &self,
         method: Method,
         path: &str,
         token: Option<&str>,
-        body: Body,
         expected: StatusCode,
     ) -> Result<Response<Incoming>> {
-        let mut req = self.request(method, path, token)?;
-        *req.body_mut() = body;
+        let req = self.request(method, path, token)?;
         let resp = self.client.request(req).await.map_err(Error::transport)?;
         if resp.status() != expected {
             return Err(refusal(resp, expected).await);
@@ -322,12 +308,17 @@ impl Http {
         Ok(resp)
     }
 
-    fn request(&self, method: Method, path: &str, token: Option<&str>) -> Result<Request<Body>> {
+    fn request(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+    ) -> Result<Request<Full<Bytes>>> {
         let uri = format!("{}{path}", self.base);
         let mut req = Request::builder()
             .method(method)
             .uri(uri)
-            .body(full(Bytes::new()))
+            .body(Full::new(Bytes::new()))
             .map_err(|e| Error::InvalidUrl(e.to_string()))?;
         if let Some(token) = token {
             let value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| {
