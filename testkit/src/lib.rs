@@ -14,6 +14,8 @@
 //!   bodies, unread answers) and what to observe them by.
 //! - [`http`]: one HTTP/1.1 request to a sandboxd, over TCP or a Unix socket.
 //! - [`files_http`]: the file routes with binary bodies, and an upload cut off halfway.
+//! - [`files_stream`]: 1 GiB transfers generated and hashed on the fly, `/fs/watch`'s
+//!   Server-Sent Events, and what watches cost silkd (threads, inotify fds).
 //! - [`relay`]: asking sandboxd for a relay (the upgrade) on a raw connection.
 //! - [`setup`]: the test node's config and tokens.
 //! - [`daemon`]: a real sandboxd, in-process ([`Daemon`]) or as the binary
@@ -38,6 +40,7 @@ pub mod bins;
 pub mod cgroup2;
 pub mod daemon;
 pub mod files_http;
+pub mod files_stream;
 pub mod guard;
 pub mod host;
 pub mod hostile;
