@@ -181,3 +181,67 @@ pub fn silkd_watch_cost(uids: std::ops::Range<u32>) -> (usize, usize) {
     }
     (threads, inotify)
 }
+
+/// `PUT path` with the local file `local` as the body, read while it is sent.
+pub async fn put_file(
+    addr: SocketAddr,
+    path: &str,
+    token: &str,
+    local: &std::path::Path,
+) -> (StatusCode, Bytes) {
+    let file = tokio::fs::File::open(local).await.unwrap();
+    let len = file.metadata().await.unwrap().len();
+    let frames = futures::StreamExt::map(
+        tokio_util::io::ReaderStream::with_capacity(file, BLOCK),
+        |piece| piece.map(Frame::data),
+    );
+    let req = Request::builder()
+        .method(Method::PUT)
+        .uri(path)
+        .header("host", "sandboxd")
+        .header("authorization", format!("Bearer {token}"))
+        .header("content-length", len.to_string())
+        .body(StreamBody::new(frames))
+        .unwrap();
+    let resp = send(addr, req).await;
+    let status = resp.status();
+    (status, resp.into_body().collect().await.unwrap().to_bytes())
+}
+
+/// `GET path` into the local file `local`, written while it arrives; the status and
+/// the bytes written.
+pub async fn get_file(
+    addr: SocketAddr,
+    path: &str,
+    token: &str,
+    local: &std::path::Path,
+) -> (StatusCode, u64) {
+    use tokio::io::AsyncWriteExt;
+    let resp = send(addr, get(path, token)).await;
+    let status = resp.status();
+    let mut out = tokio::fs::File::create(local).await.unwrap();
+    let mut body = resp.into_body();
+    let mut n = 0u64;
+    while let Some(frame) = body.frame().await {
+        if let Ok(data) = frame.unwrap().into_data() {
+            n += data.len() as u64;
+            out.write_all(&data).await.unwrap();
+        }
+    }
+    out.flush().await.unwrap();
+    (status, n)
+}
+
+/// Writes `len` bytes of the [`put_generated`] pattern to the local file `path`.
+pub fn write_generated(path: &std::path::Path, len: u64) {
+    use std::io::Write;
+    let base = random_bytes(BLOCK, 77);
+    let mut f = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let (mut i, mut left) = (0, len);
+    while left > 0 {
+        let n = left.min(BLOCK as u64) as usize;
+        f.write_all(&block(&base, i, n)).unwrap();
+        (i, left) = (i + 1, left - n as u64);
+    }
+    f.flush().unwrap();
+}

@@ -36,6 +36,10 @@ pub enum Bench {
         #[arg(long)]
         no_restart: bool,
     },
+    /// A 1 GiB file in and out of a process-engine sandbox over HTTP and with `sbx cp`,
+    /// against a local `cp` and pipe; 1,000 small files as a directory (as root); builds
+    /// the guest image first.
+    Files,
     /// Any name that is not a known benchmark.
     #[command(external_subcommand)]
     Unknown(Vec<String>),
@@ -63,7 +67,7 @@ pub fn run(which: Bench) -> Result<()> {
             image::run(&image::Args::default())?;
             run_example("bench exec-memory", "bench_exec_memory")
         }
-        Bench::Isolation | Bench::Restart => {
+        Bench::Isolation | Bench::Restart | Bench::Files => {
             image::run(&image::Args::default())?;
             tool::stream(
                 "build",
@@ -75,6 +79,8 @@ pub fn run(which: Bench) -> Result<()> {
                         "silkd",
                         "-p",
                         "sandboxd",
+                        "-p",
+                        "sbx",
                         "--bins",
                     ])
                     .current_dir(&root),
@@ -84,6 +90,7 @@ pub fn run(which: Bench) -> Result<()> {
                     run_example("bench restart", "bench_restart")?;
                     run_example("bench restart (qemu)", "bench_restart_vm")
                 }
+                Bench::Files => run_example("bench files", "bench_files"),
                 _ => run_example("bench isolation", "bench_isolation"),
             }
         }
@@ -183,14 +190,15 @@ mod tests {
                 "templates",
                 "isolation",
                 "restart",
-                "soak"
+                "soak",
+                "files"
             ]
         );
         let err = run(Bench::Unknown(vec!["nope".into()])).unwrap_err();
         assert_eq!(
             err.to_string(),
             "unknown benchmark `nope`; known benchmarks: exec, exec-memory, vm, templates, isolation, \
-             restart, soak"
+             restart, soak, files"
         );
     }
 }
