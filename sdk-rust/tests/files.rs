@@ -2,14 +2,14 @@
 //! trips of random binary files from bytes and from readers, directories of 1,000 files
 //! with modes and symlinks through upload_dir/download_dir, a watch seeing an exec's
 //! changes, and the typed errors (missing paths, a full disk, a local directory that is
-//! not there).
+//! not there, a local source failing halfway, which leaves nothing in the sandbox).
 
 use std::time::Duration;
 
 use futures::StreamExt;
 use sandbox_sdk::{ClaimOptions, Command, Error, FileKind, FsEventKind};
 use testkit::silkd_files::random_bytes;
-use testkit::{bounded, trees, Setup};
+use testkit::{bounded, trees, wait_until, Setup};
 use tokio::io::AsyncReadExt;
 
 #[tokio::test]
@@ -93,6 +93,27 @@ async fn files_round_trip_exactly() {
         let e = files.upload_dir(&nowhere, "/tmp/up").await;
         assert!(matches!(e, Err(Error::Local(_))), "{e:?}");
         assert!(matches!(files.stat("/tmp/up").await, Err(Error::NotFound)));
+
+        // A source that fails halfway: a local error, and nothing at the target (the
+        // guest removes its temp file once the stream goes, without a data_end).
+        let failing = tokio_util::io::StreamReader::new(futures::stream::iter([
+            Ok(bytes::Bytes::from(vec![1u8; 3 << 20])),
+            Err(std::io::Error::other("the local disk went away")),
+        ]));
+        let e = files.write_from("/tmp/cut", failing, None).await;
+        assert!(matches!(e, Err(Error::Local(_))), "{e:?}");
+        wait_until(
+            Duration::from_secs(20),
+            "no trace of the cut upload",
+            async || {
+                let out = sandbox.exec(&Command::new("ls").args(["-a", "/tmp"])).await;
+                let out = String::from_utf8_lossy(&out.unwrap().stdout).into_owned();
+                (!out.contains("cut") && !out.contains(".silkd-"))
+                    .then_some(())
+                    .ok_or(out)
+            },
+        )
+        .await;
 
         // Past the disk (64 MiB), streamed from a reader: NoSpace and nothing left.
         let endless = tokio::io::repeat(7).take(80 << 20);
