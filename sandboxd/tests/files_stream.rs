@@ -80,7 +80,7 @@ async fn a_watch_over_sse_sees_an_exec_and_leaves_nothing_behind() {
     )
     .await;
 
-    // Typed refusals: not a directory, missing, not readable by the user.
+    // Typed refusals: not a directory, missing, an unknown parameter; then a read-only path.
     for (q, status) in [
         ("path=/tmp/secret", 400),
         ("path=/tmp/nope", 404),
@@ -89,13 +89,16 @@ async fn a_watch_over_sse_sees_an_exec_and_leaves_nothing_behind() {
         let sse = Sse::open(addr, &route(q), &token).await;
         assert_eq!(sse.status, status, "{q}");
     }
+    // The sandbox's root (the base image has no other user) holds DAC_OVERRIDE inside its
+    // user namespace, so a mode-000 file is readable; the read-only template tree is not
+    // writable by anyone (EROFS): 403, and nothing appears.
     let r = testkit::files_http::call_bytes(
         addr,
-        "GET",
-        &format!("/v1/sandboxes/{id}/files?path=/tmp/secret"),
+        "PUT",
+        &format!("/v1/sandboxes/{id}/files?path=/etc/planted"),
         &token,
         &[],
-        vec![],
+        b"x".to_vec(),
     )
     .await;
     assert_eq!(r.status, 403, "{}", r.text());
