@@ -50,9 +50,9 @@ pub enum Error {
         /// The cap.
         limit: u64,
     },
-    /// The relay was asked for without `Upgrade: silkd`.
-    #[error("this route needs `Upgrade: silkd`")]
-    UpgradeRequired,
+    /// The relay or a port tunnel was asked for without its `Upgrade` protocol.
+    #[error("this route needs `Upgrade: {0}`")]
+    UpgradeRequired(&'static str),
     /// Node or tenant `max_claims` reached.
     #[error("{0}")]
     TooManyClaims(String),
@@ -126,6 +126,10 @@ pub enum Error {
     /// The sandbox's disk is full (silkd `no_space`); nothing was written.
     #[error("{0}")]
     NoSpace(String),
+    /// A port tunnel's dial inside the sandbox failed (nothing listens there): the
+    /// guest's own account, safe to show the caller.
+    #[error("{0}")]
+    PortUnreachable(String),
     /// A `Range` that starts past the end of the file.
     #[error("range not satisfiable: the file has {size} bytes")]
     RangeNotSatisfiable {

@@ -8,8 +8,13 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use bytes::Bytes;
+use futures::{SinkExt, StreamExt};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
+use tokio::io::AsyncWriteExt;
+use tokio_util::codec::Framed;
+use wire::{ErrorKind, HostCodec, Request, Response};
 
 use crate::claims::Sandbox;
 use crate::engine::GuestStream;
@@ -81,14 +86,72 @@ pub async fn dial(sandbox: &Sandbox) -> Result<GuestStream> {
     }
 }
 
+/// Bound on a port tunnel's answer: silkd dials 127.0.0.1, which answers at once; a guest
+/// that stays silent must not hold the HTTP request open.
+const CONNECT_BOUND: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Asks silkd on a fresh stream to connect to `127.0.0.1:port` inside the sandbox. On
+/// success, the stream (now the TCP connection's bytes) and whatever of them was already
+/// read; nothing listening there is [`Error::PortUnreachable`].
+pub async fn connect_port(sandbox: &Sandbox, port: u16) -> Result<(GuestStream, Bytes)> {
+    let stream = dial(sandbox).await?;
+    let mut conn = Framed::new(
+        stream,
+        HostCodec::new().with_max(crate::guest::GUEST_FRAME_MAX),
+    );
+    let answer = tokio::time::timeout(CONNECT_BOUND, async {
+        conn.send(Request::Connect { port }).await?;
+        conn.next().await.transpose().map_err(Error::from)
+    })
+    .await
+    .map_err(|_| {
+        Error::Guest(format!(
+            "silkd did not answer connect within {CONNECT_BOUND:?}"
+        ))
+    })??;
+    match answer {
+        Some(Response::Done) => {
+            let parts = conn.into_parts();
+            Ok((parts.io, parts.read_buf.freeze()))
+        }
+        Some(Response::Error {
+            kind: ErrorKind::NotFound | ErrorKind::PermissionDenied,
+            message,
+        }) => Err(Error::PortUnreachable(message)),
+        Some(Response::Error {
+            kind: ErrorKind::BadRequest,
+            message,
+        }) => Err(Error::BadRequest(message)),
+        Some(other) => Err(Error::Guest(format!(
+            "unexpected answer to connect: {other:?}"
+        ))),
+        None => Err(Error::Guest(
+            "silkd closed the stream before answering connect".into(),
+        )),
+    }
+}
+
 /// Copies both ways in the background once hyper hands over the client's connection; the
-/// slot is held until the relay ends.
-pub fn spawn(id: String, slot: RelaySlot, upgrade: OnUpgrade, mut guest_stream: GuestStream) {
+/// slot is held until the relay ends. `early` is what the guest already sent (read past
+/// a port tunnel's answer frame): the client gets it first.
+pub fn spawn(
+    id: String,
+    slot: RelaySlot,
+    upgrade: OnUpgrade,
+    mut guest_stream: GuestStream,
+    early: Bytes,
+) {
     tokio::spawn(async move {
         let _slot = slot;
         match upgrade.await {
             Ok(upgraded) => {
                 let mut client = TokioIo::new(upgraded);
+                if !early.is_empty() {
+                    if let Err(e) = client.write_all(&early).await {
+                        tracing::debug!(%id, "relay ended: {e}");
+                        return;
+                    }
+                }
                 match tokio::io::copy_bidirectional(&mut client, &mut guest_stream).await {
                     Ok((up, down)) => tracing::debug!(%id, up, down, "relay closed"),
                     Err(e) => tracing::debug!(%id, "relay ended: {e}"),

@@ -78,6 +78,15 @@ pub enum Cmd {
         #[arg(long, short = 'u')]
         user: Option<String>,
     },
+    /// Listen on 127.0.0.1:LOCAL and tunnel each connection to port REMOTE inside the
+    /// sandbox (LOCAL 0 picks a free port; the address is printed). Runs until interrupted.
+    PortForward {
+        /// Sandbox id.
+        id: String,
+        /// LOCAL:REMOTE ports.
+        #[arg(value_parser = crate::forward::parse_mapping)]
+        mapping: (u16, u16),
+    },
     /// Show the node (pools, limits, engine) as JSON, or one sandbox when given its id.
     Info {
         /// Sandbox id.

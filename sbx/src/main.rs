@@ -1,5 +1,5 @@
 //! `sbx`: sandboxd from a terminal — claim, exec (streamed over the relay), run (claim,
-//! exec, release), release, renew, ls, info, cp (files in and out). A thin layer over `sandbox_sdk`: argument
+//! exec, release), release, renew, ls, info, cp (files in and out), port-forward. A thin layer over `sandbox_sdk`: argument
 //! parsing, printing, exit codes and signals only.
 //!
 //! Exit codes: `exec` and `run` exit with the command's code (128 + signal when a signal
@@ -16,6 +16,7 @@ mod cli;
 mod config;
 mod exec;
 mod files;
+mod forward;
 mod manage;
 mod progress;
 
@@ -57,6 +58,16 @@ async fn main() -> ExitCode {
         } => plain(ls_files_cmd(&client, &target, json).await),
         Cmd::Cp { src, dst, user } => plain(cp_cmd(&client, &src, &dst, user).await),
         Cmd::Info { id } => plain(info_cmd(&client, id).await),
+        Cmd::PortForward {
+            id,
+            mapping: (local, remote),
+        } => match forward::port_forward_cmd(&client, id, local, remote).await {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("sbx: port-forward: {e}");
+                1
+            }
+        },
     };
     // Exit here rather than return: a stdin copy may still be blocked reading our stdin,
     // and the runtime would wait for it on shutdown.

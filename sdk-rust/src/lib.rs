@@ -20,8 +20,10 @@
 //!    blocking thread; an archive from a sandbox is checked as untrusted.
 //! 8. `files.rs`: [`Files`], a sandbox's files from [`Sandbox::files`]: read and write
 //!    streamed, stat, list, mkdir, remove, rename, directories, [`Watch`].
-//! 9. `client.rs`: [`Client`], a node's URL and caller token; claim, list, info. It makes
-//!    [`Sandbox`] handles that share its connection pool.
+//! 9. `port.rs`: [`PortStream`], a TCP connection to a port inside the sandbox, and
+//!    [`Sandbox::connect_port`] that opens it.
+//! 10. `client.rs`: [`Client`], a node's URL and caller token; claim, list, info. It makes
+//!     [`Sandbox`] handles that share its connection pool.
 //!
 //! HTTP bodies come from the `api` crate that sandboxd uses too; relay frames from `wire`.
 //!
@@ -48,6 +50,7 @@ mod client;
 mod command;
 mod error;
 mod files;
+mod port;
 mod process;
 mod relay;
 mod sandbox;
@@ -58,6 +61,7 @@ pub use client::{ClaimOptions, Client, DEFAULT_BUSY_RETRIES, DEFAULT_URL};
 pub use command::{Command, ExitStatus, Output};
 pub use error::{Error, Result, TransportError};
 pub use files::{Files, Watch};
+pub use port::PortStream;
 pub use process::{Event, OutputStream, Process, ProcessStdin};
 pub use sandbox::Sandbox;
 pub use wire::files::{FileEntry, FileKind, FsEvent, FsEventKind};
@@ -66,7 +70,7 @@ pub use wire::{ProcInfo, ProcState};
 #[cfg(test)]
 mod tests {
     /// The modules of `# Layout`, in order, with their source.
-    const LAYERS: [(&str, &str); 9] = [
+    const LAYERS: [(&str, &str); 10] = [
         ("error", include_str!("error.rs")),
         ("command", include_str!("command.rs")),
         ("transport", include_str!("transport.rs")),
@@ -75,6 +79,7 @@ mod tests {
         ("process", include_str!("process.rs")),
         ("archive", include_str!("archive.rs")),
         ("files", include_str!("files.rs")),
+        ("port", include_str!("port.rs")),
         ("client", include_str!("client.rs")),
     ];
 

@@ -15,7 +15,7 @@ pub(crate) type Relay = Framed<TokioIo<hyper::upgrade::Upgraded>, HostCodec>;
 
 /// A fresh relay connection through `path` (a sandbox's `agent` route).
 pub(crate) async fn connect(http: &Http, path: &str, token: Option<&str>) -> Result<Relay> {
-    let upgraded = http.upgrade(path, token).await?;
+    let upgraded = http.upgrade(path, token, "silkd").await?;
     Ok(Framed::new(TokioIo::new(upgraded), HostCodec::new()))
 }
 

@@ -277,12 +277,18 @@ impl Http {
         }
     }
 
-    /// `GET path` with `Upgrade: silkd`; the upgraded byte stream once the server said 101.
-    pub(crate) async fn upgrade(&self, path: &str, token: Option<&str>) -> Result<Upgraded> {
+    /// `GET path` with `Upgrade: protocol` (`silkd` for the relay, `tcp` for a port); the
+    /// upgraded byte stream once the server said 101.
+    pub(crate) async fn upgrade(
+        &self,
+        path: &str,
+        token: Option<&str>,
+        protocol: &'static str,
+    ) -> Result<Upgraded> {
         let mut req = self.request(Method::GET, path, token)?;
         let headers = req.headers_mut();
         headers.insert(CONNECTION, HeaderValue::from_static("Upgrade"));
-        headers.insert(UPGRADE, HeaderValue::from_static("silkd"));
+        headers.insert(UPGRADE, HeaderValue::from_static(protocol));
         let resp = self.client.request(req).await.map_err(Error::transport)?;
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
             return Err(refusal(resp, StatusCode::SWITCHING_PROTOCOLS).await);

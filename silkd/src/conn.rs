@@ -43,11 +43,21 @@ pub async fn serve<S>(stream: S, table: Arc<ProcessTable>)
 where
     S: AsyncRead + AsyncWrite + Send + 'static,
 {
-    let (rd, wr) = tokio::io::split(stream);
+    // The first frame decides what the stream is: a TCP tunnel (`Connect`) or requests.
+    let (rd, wr) = tokio::io::split(Box::pin(stream));
     let mut reader = FramedRead::new(rd, GuestCodec::new());
+    let head = match reader.next().await {
+        None => return,
+        Some(Ok(Request::Connect { port })) => {
+            let early = reader.read_buffer().clone();
+            let stream = reader.into_inner().unsplit(wr);
+            return crate::tunnel::serve(stream, early, port).await;
+        }
+        Some(head) => head,
+    };
     let (tx, rx) = mpsc::channel(OUT_QUEUE);
     let mut writer = tokio::spawn(write_loop(FramedWrite::new(wr, GuestCodec::new()), rx));
-    if let Err(e) = rpc_loop(&mut reader, &tx, &table).await {
+    if let Err(e) = rpc_loop(Some(head), &mut reader, &tx, &table).await {
         tracing::debug!("closing connection: {e}");
         let _ = tx.send(e.to_response()).await;
     }
@@ -67,12 +77,17 @@ pub(crate) type Out = mpsc::Sender<Response>;
 
 /// Returns `Ok` when the peer leaves cleanly, `Err` for a fault to answer before closing.
 async fn rpc_loop<S: AsyncRead>(
+    mut head: Option<std::result::Result<Request, wire::Error>>,
     reader: &mut Reader<S>,
     tx: &Out,
     table: &ProcessTable,
 ) -> Result<()> {
     loop {
-        let req = match reader.next().await {
+        let next = match head.take() {
+            Some(h) => Some(h),
+            None => reader.next().await,
+        };
+        let req = match next {
             None => return Ok(()),
             Some(r) => r?,
         };
@@ -110,6 +125,11 @@ async fn rpc_loop<S: AsyncRead>(
             Request::Stdin { .. } | Request::StdinClose => {
                 return Err(Error::BadRequest(
                     "stdin frame outside an exec with stdin: true".into(),
+                ))
+            }
+            Request::Connect { .. } => {
+                return Err(Error::BadRequest(
+                    "connect is only valid as a stream's first frame".into(),
                 ))
             }
             Request::Data { .. } | Request::DataEnd => {
@@ -261,6 +281,7 @@ pub(crate) fn verb(r: &Request) -> &'static str {
         Request::TarOut(_) => "tar_out",
         Request::TarIn(_) => "tar_in",
         Request::Watch(_) => "watch",
+        Request::Connect { .. } => "connect",
     }
 }
 

@@ -19,6 +19,7 @@ pub mod init;
 pub mod listen;
 pub mod proc;
 pub mod seed;
+pub mod tunnel;
 
 use std::path::PathBuf;
 use std::sync::Arc;

@@ -17,6 +17,8 @@
 //! - [`files_stream`]: 1 GiB transfers generated and hashed on the fly, `/fs/watch`'s
 //!   Server-Sent Events, and what watches cost silkd (threads, inotify fds).
 //! - [`relay`]: asking sandboxd for a relay (the upgrade) on a raw connection.
+//! - [`ports`]: port tunnels from a client: an HTTP GET over any byte stream, and
+//!   `sbx port-forward` running with the address it listens on.
 //! - [`setup`]: the test node's config and tokens.
 //! - [`daemon`]: a real sandboxd, in-process ([`Daemon`]) or as the binary
 //!   ([`DaemonProcess`]), and its HTTP API ([`Api`]).
@@ -48,6 +50,7 @@ pub mod http;
 pub mod images;
 pub mod leftovers;
 pub mod overlay_root;
+pub mod ports;
 pub mod procs;
 pub mod relay;
 pub mod restart;

@@ -20,13 +20,23 @@ pub async fn upgrade_with(
     token: Option<&str>,
     ask: bool,
 ) -> (u16, tokio::net::TcpStream, Vec<u8>) {
+    upgrade_to(addr, path, token, ask.then_some("silkd")).await
+}
+
+/// As [`upgrade`], asking for `protocol` (`silkd`, `tcp`), or without upgrade headers.
+pub async fn upgrade_to(
+    addr: std::net::SocketAddr,
+    path: &str,
+    token: Option<&str>,
+    protocol: Option<&str>,
+) -> (u16, tokio::net::TcpStream, Vec<u8>) {
     let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
     let mut head = format!("GET {path} HTTP/1.1\r\nhost: x\r\n");
     if let Some(t) = token {
         head.push_str(&format!("authorization: Bearer {t}\r\n"));
     }
-    if ask {
-        head.push_str("connection: upgrade\r\nupgrade: silkd\r\n");
+    if let Some(p) = protocol {
+        head.push_str(&format!("connection: upgrade\r\nupgrade: {p}\r\n"));
     }
     head.push_str("\r\n");
     s.write_all(head.as_bytes()).await.unwrap();

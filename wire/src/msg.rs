@@ -84,6 +84,14 @@ pub enum Request {
     TarIn(files::TarIn),
     /// Watch a directory for changes.
     Watch(files::Watch),
+    /// Connect to `127.0.0.1:port` inside the sandbox. Only valid as a stream's first
+    /// frame; answered by `Done` (after which the stream carries the TCP connection's raw
+    /// bytes both ways, EOF passed on as a half-close) or `Error` (`not_found` when nothing
+    /// listens there, `bad_request` for port 0), which ends the stream.
+    Connect {
+        /// The TCP port.
+        port: u16,
+    },
 }
 
 /// A response from silkd.

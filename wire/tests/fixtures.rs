@@ -218,6 +218,7 @@ fn requests() -> Vec<(&'static str, Request)> {
         ),
         ("req_ps", Request::Ps),
         ("req_info", Request::Info),
+        ("req_connect", Request::Connect { port: 8000 }),
     ]
     .into_iter()
     .chain(file_requests())

@@ -2,6 +2,7 @@
 //! sandbox (429 at `[http] max_relays_per_sandbox`), the guest dialled before any 101 (502
 //! if unreachable), then `101 Switching Protocols` and the relay.
 
+use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONNECTION, UPGRADE};
 use hyper::{Request, Response, StatusCode};
@@ -21,7 +22,7 @@ pub(super) async fn agent(
     id: &str,
     mut req: Request<Incoming>,
 ) -> Result<Response<Body>> {
-    check_upgrade(&req)?;
+    check_upgrade(&req, PROTOCOL)?;
     let sandbox = sandbox_for(node, caller, id)?;
     let slot = node.relays.take(&sandbox.id)?;
     node.metrics.relays.inc();
@@ -31,28 +32,34 @@ pub(super) async fn agent(
         slot,
         hyper::upgrade::on(&mut req),
         guest_stream,
+        Bytes::new(),
     );
+    Ok(switching(PROTOCOL))
+}
+
+/// `101 Switching Protocols` to `protocol`.
+pub(super) fn switching(protocol: &'static str) -> Response<Body> {
     let mut resp = Response::new(empty());
     *resp.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     resp.headers_mut()
-        .insert(UPGRADE, HeaderValue::from_static(PROTOCOL));
+        .insert(UPGRADE, HeaderValue::from_static(protocol));
     resp.headers_mut()
         .insert(CONNECTION, HeaderValue::from_static("upgrade"));
-    Ok(resp)
+    resp
 }
 
-/// 426 unless the request asks to upgrade to `silkd`.
-fn check_upgrade(req: &Request<Incoming>) -> Result<()> {
+/// 426 unless the request asks to upgrade to `protocol`.
+pub(super) fn check_upgrade(req: &Request<Incoming>, protocol: &'static str) -> Result<()> {
     let wants = req
         .headers()
         .get_all(UPGRADE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
-        .any(|p| p.trim().eq_ignore_ascii_case(PROTOCOL));
+        .any(|p| p.trim().eq_ignore_ascii_case(protocol));
     if wants {
         Ok(())
     } else {
-        Err(Error::UpgradeRequired)
+        Err(Error::UpgradeRequired(protocol))
     }
 }

@@ -2,15 +2,16 @@
 //! `[http] body_timeout_seconds`, unknown fields rejected), and the one place an [`Error`]
 //! becomes a status and a message (host detail for root, an incident id for the others). Handlers, one file
 //! per resource: `sandboxes.rs` (claim, list, get, release, renew), `exec.rs` (buffered
-//! exec and its streamed body), `agent.rs` (the `Upgrade: silkd` relay), `operator.rs`
-//! (root-only node routes), `files.rs` (files, fs and archive, streamed both ways; their
-//! query strings in `query.rs`). They turn requests into calls on [`Node`], the exec and
+//! exec and its streamed body), `agent.rs` (the `Upgrade: silkd` relay), `ports.rs` (the
+//! `Upgrade: tcp` port tunnel), `operator.rs` (root-only node routes), `files.rs` (files,
+//! fs and archive, streamed both ways; their query strings in `query.rs`). They turn requests into calls on [`Node`], the exec and
 //! relay modules; nothing below this layer knows about HTTP statuses.
 
 mod agent;
 mod exec;
 mod files;
 mod operator;
+mod ports;
 mod query;
 mod sandboxes;
 
@@ -80,11 +81,13 @@ pub enum Route {
     ArchiveGet,
     /// `PUT /v1/sandboxes/{id}/archive`
     ArchivePut,
+    /// `GET /v1/sandboxes/{id}/ports/{port}`
+    Port,
 }
 
 impl Route {
     /// The whole table; routing and the docs test both read it.
-    pub const ALL: [Route; 20] = [
+    pub const ALL: [Route; 21] = [
         Route::Healthz,
         Route::Metrics,
         Route::Info,
@@ -105,6 +108,7 @@ impl Route {
         Route::FsWatch,
         Route::ArchiveGet,
         Route::ArchivePut,
+        Route::Port,
     ];
 
     /// Method and path pattern (`{id}` matches one segment).
@@ -130,6 +134,7 @@ impl Route {
             Route::FsWatch => (Method::GET, "/v1/sandboxes/{id}/fs/watch"),
             Route::ArchiveGet => (Method::GET, "/v1/sandboxes/{id}/archive"),
             Route::ArchivePut => (Method::PUT, "/v1/sandboxes/{id}/archive"),
+            Route::Port => (Method::GET, "/v1/sandboxes/{id}/ports/{port}"),
         }
     }
 
@@ -148,6 +153,7 @@ impl Route {
             Route::Renew => &[200, 400, 401, 403, 404, 408, 413],
             Route::Exec => &[200, 400, 401, 403, 404, 408, 413, 500, 502, 503, 504],
             Route::Agent => &[101, 401, 403, 404, 426, 429, 502],
+            Route::Port => &[101, 400, 401, 403, 404, 426, 429, 502],
             // The file routes: 403 also for silkd `permission_denied`, 404 for a missing
             // path, 507 for silkd `no_space`; uploads time out per piece (408).
             Route::FilePut => &[200, 400, 401, 403, 404, 408, 502, 503, 507],
@@ -191,6 +197,8 @@ fn match_pattern(pattern: &str, path: &str) -> Option<Option<String>> {
         match (want.next(), got.next()) {
             (None, None) => return Some(id),
             (Some("{id}"), Some(seg)) if !seg.is_empty() => id = Some(seg.to_string()),
+            // Parsed (and refused with 400) by the route's handler.
+            (Some("{port}"), Some(seg)) if !seg.is_empty() => {}
             (Some(w), Some(g)) if w == g => {}
             _ => return None,
         }
@@ -217,11 +225,14 @@ pub fn status_of(error: &Error) -> StatusCode {
         Error::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
         Error::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
         Error::BodyTooLarge { .. } | Error::OutputTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
-        Error::UpgradeRequired => StatusCode::UPGRADE_REQUIRED,
+        Error::UpgradeRequired(_) => StatusCode::UPGRADE_REQUIRED,
         Error::TooManyClaims(_) | Error::TooManyRelays { .. } => StatusCode::TOO_MANY_REQUESTS,
         Error::Busy { .. } | Error::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         Error::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
-        Error::Guest(_) | Error::Wire(_) | Error::SandboxFailed { .. } => StatusCode::BAD_GATEWAY,
+        Error::Guest(_)
+        | Error::Wire(_)
+        | Error::SandboxFailed { .. }
+        | Error::PortUnreachable(_) => StatusCode::BAD_GATEWAY,
         Error::ClientGone(_) => CLIENT_GONE,
         Error::Config(_) | Error::Engine(_) | Error::Store { .. } | Error::Io { .. } => {
             StatusCode::INTERNAL_SERVER_ERROR
@@ -404,6 +415,7 @@ async fn dispatch(
         Route::FsWatch => files::watch(&node, &caller, &id, req).await,
         Route::ArchiveGet => files::get_archive(&node, &caller, &id, req).await,
         Route::ArchivePut => files::put_archive(&node, &caller, &id, req).await,
+        Route::Port => ports::port(&node, &caller, &id, req).await,
     }
 }
 
