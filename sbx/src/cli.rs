@@ -87,6 +87,10 @@ pub enum Cmd {
         #[arg(value_parser = crate::forward::parse_mapping)]
         mapping: (u16, u16),
     },
+    /// Serve the Model Context Protocol over stdio: tools to create sandboxes, run
+    /// commands, read, write and list files, and release sandboxes (docs/mcp.md). The
+    /// sandboxes a session creates are released when it ends.
+    Mcp,
     /// Show the node (pools, limits, engine) as JSON, or one sandbox when given its id.
     Info {
         /// Sandbox id.

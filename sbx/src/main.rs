@@ -1,6 +1,6 @@
 //! `sbx`: sandboxd from a terminal — claim, exec (streamed over the relay), run (claim,
-//! exec, release), release, renew, ls, info, cp (files in and out), port-forward. A thin layer over `sandbox_sdk`: argument
-//! parsing, printing, exit codes and signals only.
+//! exec, release), release, renew, ls, info, cp (files in and out), port-forward, mcp. A
+//! thin layer over `sandbox_sdk`: argument parsing, printing, exit codes and signals only.
 //!
 //! Exit codes: `exec` and `run` exit with the command's code (128 + signal when a signal
 //! ended it), 124 when its `--timeout` expired, 130/143/129 when sbx was interrupted, 141
@@ -18,6 +18,7 @@ mod exec;
 mod files;
 mod forward;
 mod manage;
+mod mcp;
 mod progress;
 
 use std::process::ExitCode;
@@ -58,6 +59,7 @@ async fn main() -> ExitCode {
         } => plain(ls_files_cmd(&client, &target, json).await),
         Cmd::Cp { src, dst, user } => plain(cp_cmd(&client, &src, &dst, user).await),
         Cmd::Info { id } => plain(info_cmd(&client, id).await),
+        Cmd::Mcp => mcp::mcp_cmd(client).await,
         Cmd::PortForward {
             id,
             mapping: (local, remote),
