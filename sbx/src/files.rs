@@ -156,7 +156,8 @@ pub async fn ls_files_cmd(client: &Client, target: &str, json: bool) -> Result<(
     Ok(())
 }
 
-fn line(e: &FileEntry) -> String {
+/// One entry as `sbx ls ID:PATH` and the MCP `list_directory` tool print it.
+pub fn line(e: &FileEntry) -> String {
     let kind = match e.kind {
         FileKind::File => '-',
         FileKind::Dir => 'd',

@@ -182,6 +182,11 @@ async fn an_assistant_session_runs_python_and_leaves_no_sandbox() {
         assert_eq!(ran["stderr"], "oops\n");
         let out = ran["stdout"].as_str().unwrap();
         assert!(out.ends_with("\n[... truncated: 34464 more bytes]"), "{}", &out[out.len() - 60..]);
+        // A file past 64 KiB: read_file keeps its start and counts the rest exactly.
+        mcp.ok("run_command", json!({"sandbox_id": id, "command": "head -c 70000 /dev/zero | tr '\\0' y > /tmp/work/big.txt"}))
+            .await;
+        let big = mcp.ok("read_file", json!({"sandbox_id": id, "path": "/tmp/work/big.txt"})).await;
+        assert!(big.starts_with("yyyy") && big.ends_with("y\n[... truncated: 4464 more bytes]"), "{}", &big[big.len() - 60..]);
         // A command past its timeout is reported as such, not as a failed call.
         let ran = mcp
             .ok("run_command", json!({"sandbox_id": id, "argv": ["sleep", "60"], "timeout_seconds": 0.5}))

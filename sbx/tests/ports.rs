@@ -1,14 +1,18 @@
 //! Ports: a Python `http.server` running in a `default`-template sandbox answers through
 //! the SDK's `connect_port` and through `sbx port-forward`; and the route's refusals:
 //! nothing listening (502), bad ports (400), no `Upgrade: tcp` (426), another sandbox's
-//! token (404), connections past the relay cap (429, the sandbox keeps serving).
+//! token (404), connections past the relay cap (429, the sandbox keeps serving); after
+//! them the host's leftovers (processes, sandbox dirs, sockets, cgroups) are counted back
+//! to what they were before.
 
 use std::time::Duration;
 
 use sandbox_sdk::{ClaimOptions, Command, Error, PortStream, Sandbox};
 use testkit::images::template_image;
+use testkit::leftovers::Census;
 use testkit::ports::{http_get, port_forward};
 use testkit::relay::upgrade_to;
+use testkit::setup::uid_range;
 use testkit::{bounded, wait_until, Setup, ROOT};
 
 /// Relays one sandbox may hold: the server's own process stream plus three tunnels.
@@ -78,6 +82,11 @@ async fn a_server_in_the_sandbox_answers_through_connect_port_and_port_forward()
             assert_hello(&http_get(&mut conn, "/hello.txt").await);
         }
 
+        // The attacks start here: afterwards the host must hold what it holds now (the
+        // sandbox, its server, the pool), nothing more.
+        let census = Census::new(&d.data_dir(), uid_range(&d.data_dir()));
+        let before = census.count();
+
         // Nothing listens on 8001: the SDK gets the guest's reason, HTTP a 502 before any 101.
         match sandbox.connect_port(8001).await {
             Err(Error::Guest(m)) => assert!(m.contains("127.0.0.1:8001"), "{m}"),
@@ -135,6 +144,7 @@ async fn a_server_in_the_sandbox_answers_through_connect_port_and_port_forward()
         for mut tunnel in again {
             assert_hello(&http_get(&mut tunnel, "/hello.txt").await);
         }
+        census.wait_back_to(&before).await;
         sandbox.release().await.unwrap();
     })
     .await;

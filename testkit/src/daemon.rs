@@ -267,6 +267,13 @@ impl DaemonProcess {
         d
     }
 
+    /// The data dir of a daemon from [`start_temp`](Self::start_temp), for a leftovers
+    /// [`Census`](crate::leftovers::Census).
+    pub fn data_dir(&self) -> PathBuf {
+        let tmp = self._tmp.as_ref().expect("a daemon from start_temp");
+        tmp.path().join("data")
+    }
+
     /// The process: signal it, wait for its exit, SIGKILL it.
     pub fn process(&mut self) -> &mut ChildGuard {
         &mut self.guard

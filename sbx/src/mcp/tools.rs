@@ -1,15 +1,19 @@
 //! The MCP tools and the session's sandboxes: each tool's schema (what `tools/list`
-//! shows) and its call through the SDK. Files are read, written and listed by commands
-//! in the sandbox (`cat`, `ls`), streamed over the relay, so the tools need nothing the
-//! sandbox's user could not do itself.
+//! shows) and its call through the SDK. Files are read, written and listed through the
+//! SDK's [`Files`](sandbox_sdk::Files) (the file routes, as the template's user), not by
+//! commands in the sandbox: no shell quoting, no dependence on the image's `cat`/`ls`,
+//! and a missing file is a typed error rather than a command's stderr.
 
 use std::collections::HashMap;
+use std::pin::Pin;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use sandbox_sdk::{ClaimOptions, Client, Command, Error, Event, ExitStatus, Sandbox};
+use sandbox_sdk::{ClaimOptions, Client, Command, Error, Event, ExitStatus, FileKind, Sandbox};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
+use tokio::io::AsyncWrite;
 
 /// Output kept per stream of `run_command`, and of a file `read_file` returns: what an
 /// assistant's context can take; the rest is counted and marked.
@@ -62,7 +66,7 @@ pub fn list() -> Value {
         },
         {
             "name": "list_directory",
-            "description": "List a directory in a sandbox (ls -la).",
+            "description": "List a directory in a sandbox: a line per entry with type, mode, size, mtime (Unix seconds), name (-> target for a link).",
             "inputSchema": {"type": "object", "properties": {
                 "sandbox_id": id, "path": {"type": "string"}
             }, "required": ["sandbox_id", "path"], "additionalProperties": false}
@@ -151,17 +155,15 @@ impl Session {
             }
             "read_file" => {
                 let a: PathArgs = parse(args)?;
-                let cmd = Command::new("cat").args(["--", &a.path]);
-                Ok(checked(run(&self.sandbox(&a.sandbox_id), cmd).await))
+                Ok(read(&self.sandbox(&a.sandbox_id), &a.path).await)
             }
             "list_directory" => {
                 let a: PathArgs = parse(args)?;
-                let cmd = Command::new("ls").args(["-la", "--", &a.path]);
-                Ok(checked(run(&self.sandbox(&a.sandbox_id), cmd).await))
+                Ok(list_dir(&self.sandbox(&a.sandbox_id), &a.path).await)
             }
             "write_file" => {
                 let a: Write = parse(args)?;
-                Ok(write(&self.sandbox(&a.sandbox_id), &a.path, a.content.as_bytes()).await)
+                Ok(write(&self.sandbox(&a.sandbox_id), &a.path, a.content).await)
             }
             "release_sandbox" => {
                 let a: Release = parse(args)?;
@@ -301,30 +303,71 @@ async fn run(sandbox: &Sandbox, cmd: Command) -> Result<Ran, String> {
     }
 }
 
-/// A helper command's stdout when it succeeded, else its stderr as the tool's error.
-fn checked(ran: Result<Ran, String>) -> Result<String, String> {
-    let ran = ran?;
-    match ran.exit {
-        Some(ExitStatus::Code(0)) => Ok(ran.stdout.text()),
-        _ => Err(ran.stderr.text()),
+/// [`Capped`] as the sink of a download: it takes every byte (counting what it drops),
+/// so a big file costs [`MAX_TEXT`] of memory and the marker says exactly how much more
+/// there was.
+impl AsyncWrite for Capped {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        self.push(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
     }
 }
 
-/// Writes `content` to `path` through `cat`'s stdin, parents created first.
-async fn write(sandbox: &Sandbox, path: &str, content: &[u8]) -> Result<String, String> {
-    let script = r#"mkdir -p -- "$(dirname -- "$1")" && cat > "$1""#;
-    let cmd = Command::new("sh")
-        .args(["-c", script, "sh", path])
-        .stdin(true);
-    let mut process = sandbox.spawn(&cmd).await.map_err(|e| e.to_string())?;
-    let mut stdin = process.stdin().expect("spawned with stdin");
-    stdin.send(content).await.map_err(|e| e.to_string())?;
-    stdin.close().await.map_err(|e| e.to_string())?;
-    let out = process.output().await.map_err(|e| e.to_string())?;
-    match out.exit {
-        ExitStatus::Code(0) => Ok(format!("wrote {} bytes to {path}", content.len())),
-        _ => Err(String::from_utf8_lossy(&out.stderr).into_owned()),
+/// A file tool's error as text for the assistant; `not found` alone would not say which.
+fn file_error(path: &str, e: Error) -> String {
+    match e {
+        Error::NotFound => format!("{path}: No such file or directory (or no such sandbox)"),
+        e => format!("{path}: {e}"),
     }
+}
+
+/// The file as text, its first [`MAX_TEXT`] bytes then the truncation marker.
+async fn read(sandbox: &Sandbox, path: &str) -> Result<String, String> {
+    let mut text = Capped::default();
+    sandbox
+        .files()
+        .read_to(path, &mut text)
+        .await
+        .map_err(|e| file_error(path, e))?;
+    Ok(text.text())
+}
+
+/// A directory's entries (or one file's), a line each as `sbx ls ID:PATH` prints them.
+async fn list_dir(sandbox: &Sandbox, path: &str) -> Result<String, String> {
+    let files = sandbox.files();
+    let entry = files.stat(path).await.map_err(|e| file_error(path, e))?;
+    let entries = if entry.kind == FileKind::Dir {
+        files.list(path).await.map_err(|e| file_error(path, e))?
+    } else {
+        vec![entry]
+    };
+    Ok(entries
+        .iter()
+        .map(|e| crate::files::line(e) + "\n")
+        .collect())
+}
+
+/// Writes `content` to `path`, parents created, replacing the file whole.
+async fn write(sandbox: &Sandbox, path: &str, content: String) -> Result<String, String> {
+    let len = content.len();
+    sandbox
+        .files()
+        .write(path, content)
+        .await
+        .map_err(|e| file_error(path, e))?;
+    Ok(format!("wrote {len} bytes to {path}"))
 }
 
 #[cfg(test)]
