@@ -83,7 +83,10 @@ async fn a_server_in_the_sandbox_answers_through_connect_port_and_port_forward()
         }
 
         // The attacks start here: afterwards the host must hold what it holds now (the
-        // sandbox, its server, the pool), nothing more.
+        // sandbox, its server, the pool), nothing more. Counted once the pool has refilled
+        // after our claim, so no warmup command is running in the count.
+        d.wait_pool(Duration::from_secs(30), "1 warm", |p| p["warm"] == 1)
+            .await;
         let census = Census::new(&d.data_dir(), uid_range(&d.data_dir()));
         let before = census.count();
 
