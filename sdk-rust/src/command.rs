@@ -142,6 +142,7 @@ impl Command {
     /// The wire `Exec` frame that starts the command over the relay.
     pub(crate) fn exec_frame(&self) -> wire::Request {
         wire::Request::Exec {
+            pty: None,
             argv: self.argv.clone(),
             cwd: self.cwd.clone(),
             env: (!self.env.is_empty()).then(|| {
@@ -255,7 +256,9 @@ mod tests {
                 stdin,
                 timeout_ms,
                 user,
+                pty,
             } => {
+                assert_eq!(pty, None);
                 assert_eq!(user.as_deref(), Some("root"));
                 assert_eq!(argv, ["env"]);
                 assert_eq!(cwd.as_deref(), Some("/tmp"));

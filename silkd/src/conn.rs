@@ -99,6 +99,7 @@ async fn rpc_loop<S: AsyncRead>(
                 stdin,
                 timeout_ms,
                 user,
+                pty,
             } => {
                 let spec = Spec {
                     argv,
@@ -106,6 +107,7 @@ async fn rpc_loop<S: AsyncRead>(
                     env: env.unwrap_or_default(),
                     stdin,
                     user,
+                    pty,
                 };
                 match exec(spec, timeout_ms, reader, tx, table).await? {
                     Some(answer) => answer,
@@ -130,6 +132,11 @@ async fn rpc_loop<S: AsyncRead>(
             Request::Connect { .. } => {
                 return Err(Error::BadRequest(
                     "connect is only valid as a stream's first frame".into(),
+                ))
+            }
+            Request::Resize { .. } => {
+                return Err(Error::BadRequest(
+                    "resize frame outside an exec with a pty".into(),
                 ))
             }
             Request::Data { .. } | Request::DataEnd => {
@@ -178,7 +185,8 @@ async fn exec<S: AsyncRead>(
     tx: &Out,
     table: &ProcessTable,
 ) -> Result<Option<Response>> {
-    let wants_stdin = spec.stdin;
+    // Under a pty stdin is the terminal: keystrokes are always accepted.
+    let wants_stdin = spec.stdin || spec.pty.is_some();
     let (spawned, mut status_rx) = match table.spawn(&spec) {
         Ok(s) => s,
         Err(e) => return Ok(Some(e.to_response())),
@@ -193,20 +201,21 @@ async fn exec<S: AsyncRead>(
     if tx.send(Response::Started { pid }).await.is_err() {
         return Ok(None);
     }
-    let mut pumps = PumpSet(vec![
-        tokio::spawn(pump(
-            spawned.stdout,
-            tx.clone(),
-            Stream::Stdout,
-            status_rx.clone(),
-        )),
-        tokio::spawn(pump(
-            spawned.stderr,
+    let mut pumps = PumpSet(vec![tokio::spawn(pump(
+        spawned.stdout,
+        tx.clone(),
+        Stream::Stdout,
+        status_rx.clone(),
+    ))]);
+    if let Some(stderr) = spawned.stderr {
+        pumps.0.push(tokio::spawn(pump(
+            stderr,
             tx.clone(),
             Stream::Stderr,
             status_rx.clone(),
-        )),
-    ]);
+        )));
+    }
+    let pty_master = spawned.pty;
     let mut stdin = StdinFeed::new(spawned.stdin);
     let deadline = timeout_ms.map(|ms| tokio::time::Instant::now() + Duration::from_millis(ms));
     let mut timed_out = false;
@@ -240,6 +249,11 @@ async fn exec<S: AsyncRead>(
                 Some(Err(e)) => return Err(e.into()),
                 Some(Ok(Request::Stdin { data })) if wants_stdin => stdin.push(data),
                 Some(Ok(Request::StdinClose)) if wants_stdin => stdin.close_after_pending(),
+                Some(Ok(Request::Resize { rows, cols })) if pty_master.is_some() => {
+                    wire::Pty::check_size(rows, cols).map_err(Error::BadRequest)?;
+                    let master = pty_master.as_ref().expect("guarded");
+                    crate::proc::pty::resize(master, rows, cols)?;
+                }
                 Some(Ok(other)) => {
                     return Err(Error::BadRequest(format!(
                         "{} received while exec {pid} runs; only stdin frames may be sent during an exec",
@@ -266,6 +280,7 @@ pub(crate) fn verb(r: &Request) -> &'static str {
         Request::Exec { .. } => "exec",
         Request::Stdin { .. } => "stdin",
         Request::StdinClose => "stdin_close",
+        Request::Resize { .. } => "resize",
         Request::Kill { .. } => "kill",
         Request::Ps => "ps",
         Request::Info => "info",

@@ -101,6 +101,7 @@ async fn timeout_takes_processes_that_called_setsid() {
     let mut c = silkd.connect().await;
     let out = c
         .exec(Request::Exec {
+            pty: None,
             argv: ["sh", "-c", &format!("setsid sleep {m} & sleep {m}")]
                 .map(String::from)
                 .to_vec(),

@@ -35,6 +35,7 @@ async fn stdin_round_trip_with_eof() {
     let silkd = Silkd::start(env!("CARGO_BIN_EXE_silkd")).await;
     let mut c = silkd.connect().await;
     c.send(Request::Exec {
+        pty: None,
         argv: vec!["cat".into()],
         cwd: None,
         env: None,
@@ -89,6 +90,7 @@ async fn environment_is_cleared_and_cwd_applies() {
     let mut c = silkd.connect().await;
     let out = c
         .exec(Request::Exec {
+            pty: None,
             argv: vec!["sh".into(), "-c".into(), "env | sort; pwd".into()],
             cwd: Some("/usr".into()),
             env: Some(vec![("GREETING".into(), "hi there".into())]),
@@ -132,6 +134,7 @@ async fn spawn_errors_are_typed_and_name_the_path() {
         (exec_req(&["/tmp"]), "/tmp"),
         (
             Request::Exec {
+                pty: None,
                 argv: vec!["true".into()],
                 cwd: Some("/no/such/dir".into()),
                 env: None,
@@ -143,6 +146,7 @@ async fn spawn_errors_are_typed_and_name_the_path() {
         ),
         (
             Request::Exec {
+                pty: None,
                 argv: vec!["true".into()],
                 cwd: Some(file.clone()),
                 env: None,
@@ -176,6 +180,7 @@ async fn timeout_kills_the_group() {
     let mut c = silkd.connect().await;
     let out = c
         .exec(Request::Exec {
+            pty: None,
             argv: vec![
                 "sh".into(),
                 "-c".into(),

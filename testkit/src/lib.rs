@@ -52,6 +52,7 @@ pub mod leftovers;
 pub mod overlay_root;
 pub mod ports;
 pub mod procs;
+pub mod pty;
 pub mod relay;
 pub mod restart;
 pub mod sdk;

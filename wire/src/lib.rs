@@ -19,7 +19,10 @@ pub mod session;
 pub mod shape;
 
 pub use codec::{decode_frame, encode_frame, FrameCodec, GuestCodec, HostCodec, MAX_FRAME};
-pub use msg::{ErrorKind, ProcInfo, ProcState, Request, Response, PROTO_VERSION};
+pub use msg::{
+    ErrorKind, ProcInfo, ProcState, Pty, Request, Response, PROTO_VERSION, PTY_MAX_DIM,
+    PTY_MAX_TERM,
+};
 pub use shape::{MAX_DEPTH, MAX_ELEMENTS};
 
 /// Everything that can go wrong reading or writing a frame.

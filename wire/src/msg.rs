@@ -35,6 +35,20 @@ pub enum Request {
         /// Kill the command's process group after this many milliseconds.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         timeout_ms: Option<u64>,
+        /// Run under a pseudo-terminal: stdin, stdout and stderr are its slave side, all
+        /// output comes as `Stdout`, `Stdin` frames are accepted whatever `stdin` says,
+        /// and `Resize` may be sent while it runs.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pty: Option<Pty>,
+    },
+    /// Change the window size of the running exec's pseudo-terminal (only valid during
+    /// an `Exec` with `pty`). Answered by nothing; the kernel sends SIGWINCH to the
+    /// terminal's foreground process group.
+    Resize {
+        /// Rows, 1..=[`PTY_MAX_DIM`].
+        rows: u32,
+        /// Columns, 1..=[`PTY_MAX_DIM`].
+        cols: u32,
     },
     /// Bytes for the running exec's stdin (only valid during an `Exec` with `stdin: true`).
     Stdin {
@@ -92,6 +106,66 @@ pub enum Request {
         /// The TCP port.
         port: u16,
     },
+}
+
+/// Largest `rows` or `cols` a pseudo-terminal accepts (the kernel stores them as u16;
+/// no real screen comes near this).
+pub const PTY_MAX_DIM: u32 = 4096;
+/// Longest `term` accepted.
+pub const PTY_MAX_TERM: usize = 64;
+
+/// The pseudo-terminal an `Exec` asks for.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Pty {
+    /// Rows, 1..=[`PTY_MAX_DIM`].
+    pub rows: u32,
+    /// Columns, 1..=[`PTY_MAX_DIM`].
+    pub cols: u32,
+    /// `TERM` for the command (letters, digits, `.`, `_`, `+`, `-`; at most
+    /// [`PTY_MAX_TERM`] bytes); `xterm-256color` when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub term: Option<String>,
+}
+
+impl Pty {
+    /// `TERM` when the request names none.
+    pub const DEFAULT_TERM: &'static str = "xterm-256color";
+
+    /// Checks a window size; the message says what is wrong.
+    pub fn check_size(rows: u32, cols: u32) -> Result<(), String> {
+        for (name, v) in [("rows", rows), ("cols", cols)] {
+            if v == 0 || v > PTY_MAX_DIM {
+                return Err(format!("pty {name} is {v}; it must be 1..={PTY_MAX_DIM}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Checks the size and `term` (a terminfo name: programs look it up as a path, so
+    /// `/` and `..` are refused along with anything else unusual).
+    pub fn check(&self) -> Result<(), String> {
+        Self::check_size(self.rows, self.cols)?;
+        if let Some(t) = &self.term {
+            let ok = !t.is_empty()
+                && t.len() <= PTY_MAX_TERM
+                && !t.starts_with('.')
+                && t.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._+-".contains(&b));
+            if !ok {
+                let cut: String = t.chars().take(PTY_MAX_TERM).collect();
+                return Err(format!(
+                    "pty term {cut:?} must be 1..={PTY_MAX_TERM} bytes of letters, digits, '.', '_', '+', '-'"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The `TERM` the command gets.
+    pub fn term(&self) -> &str {
+        self.term.as_deref().unwrap_or(Self::DEFAULT_TERM)
+    }
 }
 
 /// A response from silkd.

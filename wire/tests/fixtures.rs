@@ -165,6 +165,7 @@ fn requests() -> Vec<(&'static str, Request)> {
         (
             "req_exec",
             Request::Exec {
+                pty: None,
                 argv: vec!["sh".into(), "-c".into(), "echo hi".into()],
                 cwd: Some("/tmp".into()),
                 env: Some(vec![("LANG".into(), "C.UTF-8".into())]),
@@ -176,6 +177,7 @@ fn requests() -> Vec<(&'static str, Request)> {
         (
             "req_exec_user",
             Request::Exec {
+                pty: None,
                 argv: vec!["id".into()],
                 cwd: None,
                 env: None,
@@ -187,6 +189,7 @@ fn requests() -> Vec<(&'static str, Request)> {
         (
             "req_exec_minimal",
             Request::Exec {
+                pty: None,
                 argv: vec!["true".into()],
                 cwd: None,
                 env: None,
@@ -202,6 +205,29 @@ fn requests() -> Vec<(&'static str, Request)> {
             },
         ),
         ("req_stdin_close", Request::StdinClose),
+        (
+            "req_exec_pty",
+            Request::Exec {
+                argv: vec!["bash".into(), "-l".into()],
+                cwd: None,
+                env: None,
+                stdin: false,
+                timeout_ms: None,
+                user: None,
+                pty: Some(wire::Pty {
+                    rows: 24,
+                    cols: 80,
+                    term: Some("xterm-256color".into()),
+                }),
+            },
+        ),
+        (
+            "req_resize",
+            Request::Resize {
+                rows: 50,
+                cols: 132,
+            },
+        ),
         (
             "req_kill",
             Request::Kill {

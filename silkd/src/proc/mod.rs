@@ -11,6 +11,7 @@
 //! ([`PS_ARGS`], [`PS_ARG_BYTES`]), so a `Procs` answer always fits the wire caps.
 
 pub mod cgroup;
+pub mod pty;
 pub mod reaper;
 pub mod spawn;
 pub mod user;

@@ -13,6 +13,7 @@ use std::process::{Command, Stdio};
 use tokio::net::unix::pipe;
 
 use super::cgroup::{self, NewCgroup};
+use super::pty;
 use super::user::{self, Account};
 use crate::{Error, Result};
 
@@ -39,6 +40,8 @@ pub struct Spec {
     pub stdin: bool,
     /// Who runs it (name or uid); the `--user` default when absent.
     pub user: Option<String>,
+    /// A pseudo-terminal instead of pipes.
+    pub pty: Option<wire::Pty>,
 }
 
 /// What [`prepare`] decided: the whole environment, the cwd, and the user to switch to.
@@ -72,7 +75,7 @@ pub fn prepare(spec: &Spec) -> Result<Launch> {
         set("LOGNAME", &a.name);
     }
     set("LANG", BASE_LANG);
-    set("TERM", "dumb");
+    set("TERM", spec.pty.as_ref().map_or("dumb", |p| p.term()));
     for (k, v) in defaults.env.iter().chain(&spec.env) {
         set(k, v);
     }
@@ -83,16 +86,18 @@ pub fn prepare(spec: &Spec) -> Result<Launch> {
     })
 }
 
-/// A started child: its pid and the async ends of its pipes.
+/// A started child: its pid and the async ends of its pipes (or its terminal).
 pub struct Spawned {
     /// Pid, also its process group id.
     pub pid: u32,
-    /// Write end of its stdin, when requested.
+    /// Write end of its stdin, when requested (the pty master under a pty).
     pub stdin: Option<pipe::Sender>,
-    /// Read end of its stdout.
+    /// Read end of its stdout (the pty master under a pty: all its output).
     pub stdout: pipe::Receiver,
-    /// Read end of its stderr.
-    pub stderr: pipe::Receiver,
+    /// Read end of its stderr; none under a pty (one stream).
+    pub stderr: Option<pipe::Receiver>,
+    /// The pty master, for resizes.
+    pub pty: Option<std::os::fd::OwnedFd>,
 }
 
 /// Refuses what execve would refuse for its size or content: NUL bytes anywhere, an
@@ -104,6 +109,9 @@ pub fn check(spec: &Spec, launch: &Launch) -> Result<()> {
     };
     if arg0.is_empty() {
         return Err(Error::BadRequest("argv[0] is empty".into()));
+    }
+    if let Some(p) = &spec.pty {
+        p.check().map_err(Error::BadRequest)?;
     }
     // execve's cost: each string with its NUL, plus a pointer to it, plus two NULL ends.
     let ptr = std::mem::size_of::<usize>();
@@ -204,15 +212,37 @@ pub fn spawn(spec: &Spec, launch: &Launch, cgroup: Option<&NewCgroup>) -> Result
     cmd.arg0(arg0)
         .args(&spec.argv[1..])
         .env_clear()
-        .envs(launch.env.iter().map(|(k, v)| (k, v)))
-        .process_group(0)
-        .stdin(if spec.stdin {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+        .envs(launch.env.iter().map(|(k, v)| (k, v)));
+    let master = match &spec.pty {
+        None => {
+            cmd.process_group(0)
+                .stdin(if spec.stdin {
+                    Stdio::piped()
+                } else {
+                    Stdio::null()
+                })
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            None
+        }
+        Some(p) => {
+            let pair = pty::open(p.rows, p.cols)?;
+            let dup = |fd: &std::os::fd::OwnedFd| {
+                fd.try_clone()
+                    .map_err(|e| Error::io("dup of the pty slave", e))
+            };
+            cmd.stdin(Stdio::from(dup(&pair.slave)?))
+                .stdout(Stdio::from(dup(&pair.slave)?))
+                .stderr(Stdio::from(pair.slave));
+            // No process_group(0): setsid, which a group leader may not call, makes the
+            // child leader of its own session and group (pid = pgid all the same).
+            // SAFETY: two async-signal-safe syscalls, see `pty::become_controlling`.
+            unsafe {
+                cmd.pre_exec(pty::become_controlling);
+            }
+            Some(pair.master)
+        }
+    };
     if let Some(cwd) = &launch.cwd {
         cmd.current_dir(cwd);
     }
@@ -256,6 +286,19 @@ pub fn spawn(spec: &Spec, launch: &Launch, cgroup: Option<&NewCgroup>) -> Result
         _ => Error::io(format!("spawning {}", program.display()), e),
     })?;
     let pid = child.id();
+    // The parent's copies of the slave go with `cmd`, so the master reads EIO once the
+    // command and everything it started have closed theirs.
+    drop(cmd);
+    if let Some(master) = master {
+        let (stdout, stdin) = pty::master_io(&master)?;
+        return Ok(Spawned {
+            pid,
+            stdin: Some(stdin),
+            stdout,
+            stderr: None,
+            pty: Some(master),
+        });
+    }
     let stdin = child
         .stdin
         .take()
@@ -271,7 +314,8 @@ pub fn spawn(spec: &Spec, launch: &Launch, cgroup: Option<&NewCgroup>) -> Result
         pid,
         stdin,
         stdout,
-        stderr,
+        stderr: Some(stderr),
+        pty: None,
     })
 }
 
