@@ -46,6 +46,18 @@ pub enum Cmd {
         #[command(flatten)]
         run: RunArgs,
     },
+    /// Open an interactive login shell in a sandbox (a pseudo-terminal; the template's
+    /// user, shell and working directory); exit with the shell's code.
+    Shell {
+        /// Sandbox id.
+        id: String,
+        /// Working directory instead of the template's.
+        #[arg(long)]
+        cwd: Option<String>,
+        /// Run as this user (name or uid) instead of the template's user.
+        #[arg(long, short = 'u')]
+        user: Option<String>,
+    },
     /// Release a sandbox (an already released one is not an error).
     Release {
         /// Sandbox id.
@@ -125,6 +137,9 @@ pub struct RunArgs {
     /// Kill the command after this many seconds (exit 124).
     #[arg(long)]
     pub timeout: Option<f64>,
+    /// Run it under a pseudo-terminal sized like ours (our terminal goes raw meanwhile).
+    #[arg(long, short = 't')]
+    pub tty: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub argv: Vec<String>,

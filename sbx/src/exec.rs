@@ -18,7 +18,7 @@ const EXIT_SBX_FAILED: u8 = 125;
 const EXIT_TIMEOUT: u8 = 124;
 
 /// Why `exec` or `run` stopped, when it was not the command ending by itself.
-enum Stop {
+pub(crate) enum Stop {
     /// sbx got this signal; the command was killed.
     Signal(i32),
     /// The call failed.
@@ -60,6 +60,30 @@ pub async fn exec_cmd(client: &Client, id: String, run: RunArgs) -> u8 {
     finish(stream(&client.sandbox(id), run, &interrupts).await)
 }
 
+/// `sbx shell ID`: the user's login shell under a pty; sbx's exit code.
+pub async fn shell_cmd(
+    client: &Client,
+    id: String,
+    cwd: Option<String>,
+    user: Option<String>,
+) -> u8 {
+    let interrupts = match Interrupts::install() {
+        Ok(i) => i,
+        Err(e) => {
+            eprintln!("sbx: {e}");
+            return EXIT_SBX_FAILED;
+        }
+    };
+    let mut cmd = Command::from_argv(crate::shell::login_shell());
+    if let Some(cwd) = cwd {
+        cmd = cmd.cwd(cwd);
+    }
+    if let Some(user) = user {
+        cmd = cmd.user(user);
+    }
+    finish(crate::shell::session(&client.sandbox(id), cmd, &interrupts).await)
+}
+
 /// `sbx run -- ARGV`: claim, exec, release (also on failure or a signal); sbx's exit code.
 pub async fn run_cmd(client: &Client, claim: ClaimArgs, run: RunArgs) -> u8 {
     let interrupts = match Interrupts::install() {
@@ -98,7 +122,7 @@ async fn stream(
     args: RunArgs,
     interrupts: &Interrupts,
 ) -> Result<ExitStatus, Stop> {
-    let forward_stdin = !std::io::stdin().is_terminal();
+    let forward_stdin = !args.tty && !std::io::stdin().is_terminal();
     let mut cmd = Command::from_argv(args.argv)
         .envs(args.env)
         .stdin(forward_stdin);
@@ -113,6 +137,9 @@ async fn stream(
             return Err(Error::BadRequest("--timeout must be a positive number".into()).into());
         }
         cmd = cmd.timeout(Duration::from_secs_f64(secs));
+    }
+    if args.tty {
+        return crate::shell::session(sandbox, cmd, interrupts).await;
     }
     let mut process = tokio::select! {
         spawned = sandbox.spawn(&cmd) => spawned?,
@@ -163,7 +190,7 @@ async fn copy_and_wait(process: &mut Process) -> Result<ExitStatus, Stop> {
 
 /// SIGINT, SIGTERM and SIGHUP, caught from the start so that `run` always gets to
 /// release its sandbox.
-struct Interrupts {
+pub(crate) struct Interrupts {
     rx: watch::Receiver<Option<i32>>,
 }
 
@@ -193,7 +220,7 @@ impl Interrupts {
         *self.rx.borrow()
     }
 
-    async fn wait(&self) -> i32 {
+    pub(crate) async fn wait(&self) -> i32 {
         let mut rx = self.rx.clone();
         let sig = rx.wait_for(Option::is_some).await.map(|sig| *sig);
         match sig {

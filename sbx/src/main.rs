@@ -1,6 +1,7 @@
-//! `sbx`: sandboxd from a terminal — claim, exec (streamed over the relay), run (claim,
-//! exec, release), release, renew, ls, info, cp (files in and out), port-forward, mcp. A
-//! thin layer over `sandbox_sdk`: argument parsing, printing, exit codes and signals only.
+//! `sbx`: sandboxd from a terminal — claim, exec (streamed over the relay; `-t` under a
+//! pseudo-terminal), shell (an interactive login shell), run (claim, exec, release),
+//! release, renew, ls, info, cp (files in and out), port-forward, mcp. A thin layer over
+//! `sandbox_sdk`: argument parsing, printing, exit codes and signals only.
 //!
 //! Exit codes: `exec` and `run` exit with the command's code (128 + signal when a signal
 //! ended it), 124 when its `--timeout` expired, 130/143/129 when sbx was interrupted, 141
@@ -20,6 +21,8 @@ mod forward;
 mod manage;
 mod mcp;
 mod progress;
+mod shell;
+mod terminal;
 
 use std::process::ExitCode;
 
@@ -28,7 +31,7 @@ use sandbox_sdk::{Client, Error};
 
 use crate::cli::{Cli, Cmd};
 use crate::config::resolve;
-use crate::exec::{exec_cmd, run_cmd};
+use crate::exec::{exec_cmd, run_cmd, shell_cmd};
 use crate::files::{cp_cmd, ls_files_cmd};
 use crate::manage::{claim_cmd, info_cmd, ls_cmd, renew_cmd};
 
@@ -50,6 +53,7 @@ async fn main() -> ExitCode {
         Cmd::Claim { claim, json } => plain(claim_cmd(&client, claim, json).await),
         Cmd::Exec { id, run } => exec_cmd(&client, id, run).await,
         Cmd::Run { claim, run } => run_cmd(&client, claim, run).await,
+        Cmd::Shell { id, cwd, user } => shell_cmd(&client, id, cwd, user).await,
         Cmd::Release { id } => plain(client.sandbox(id).release().await),
         Cmd::Renew { id, ttl } => plain(renew_cmd(&client, id, ttl).await),
         Cmd::Ls { target: None, json } => plain(ls_cmd(&client, json).await),

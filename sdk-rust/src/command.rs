@@ -28,6 +28,7 @@ pub struct Command {
     timeout: Option<Duration>,
     stdin: bool,
     user: Option<String>,
+    pty: Option<wire::Pty>,
 }
 
 impl Command {
@@ -40,6 +41,7 @@ impl Command {
             timeout: None,
             stdin: false,
             user: None,
+            pty: None,
         }
     }
 
@@ -117,14 +119,42 @@ impl Command {
         self
     }
 
+    /// Runs a spawned command under a pseudo-terminal of `rows` x `cols`: its stdin,
+    /// stdout and stderr are the terminal, all output arrives as stdout (with the
+    /// terminal's `\r\n`), stdin is always open (bytes are keystrokes: `0x03` is
+    /// Ctrl-C), and [`Process::resize`](crate::Process::resize) changes the size. `TERM`
+    /// is `xterm-256color` unless [`term`](Command::term) says otherwise. Buffered exec
+    /// refuses it. Sizes must be 1..=4096; others are a `BadRequest` from the guest.
+    pub fn pty(mut self, rows: u32, cols: u32) -> Command {
+        let term = self.pty.take().and_then(|p| p.term);
+        self.pty = Some(wire::Pty { rows, cols, term });
+        self
+    }
+
+    /// `TERM` for a [`pty`](Command::pty) command (letters, digits, `.`, `_`, `+`, `-`).
+    pub fn term(mut self, term: impl Into<String>) -> Command {
+        let pty = self.pty.get_or_insert(wire::Pty {
+            rows: 24,
+            cols: 80,
+            term: None,
+        });
+        pty.term = Some(term.into());
+        self
+    }
+
+    /// Whether the command runs under a pseudo-terminal.
+    pub fn has_pty(&self) -> bool {
+        self.pty.is_some()
+    }
+
     /// The program and its arguments.
     pub fn argv(&self) -> &[String] {
         &self.argv
     }
 
-    /// Whether the command reads stdin.
+    /// Whether the command reads stdin (always, under a pty).
     pub fn reads_stdin(&self) -> bool {
-        self.stdin
+        self.stdin || self.pty.is_some()
     }
 
     /// The body of `POST /v1/sandboxes/{id}/exec`.
@@ -142,7 +172,7 @@ impl Command {
     /// The wire `Exec` frame that starts the command over the relay.
     pub(crate) fn exec_frame(&self) -> wire::Request {
         wire::Request::Exec {
-            pty: None,
+            pty: self.pty.clone(),
             argv: self.argv.clone(),
             cwd: self.cwd.clone(),
             env: (!self.env.is_empty()).then(|| {

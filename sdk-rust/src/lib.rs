@@ -65,7 +65,7 @@ pub use port::PortStream;
 pub use process::{Event, OutputStream, Process, ProcessStdin};
 pub use sandbox::Sandbox;
 pub use wire::files::{FileEntry, FileKind, FsEvent, FsEventKind};
-pub use wire::{ProcInfo, ProcState};
+pub use wire::{ProcInfo, ProcState, Pty};
 
 #[cfg(test)]
 mod tests {

@@ -48,9 +48,13 @@ impl Sandbox {
             .await
             .map_err(Error::transport)?;
         match relay.next().await {
-            Some(Ok(Response::Started { pid })) => {
-                Ok(Process::start(self.clone(), pid, relay, cmd.reads_stdin()))
-            }
+            Some(Ok(Response::Started { pid })) => Ok(Process::start(
+                self.clone(),
+                pid,
+                relay,
+                cmd.reads_stdin(),
+                cmd.has_pty(),
+            )),
             Some(Ok(Response::Error { kind, message })) => Err(Error::from_guest(kind, message)),
             Some(Ok(other)) => Err(Error::Protocol(format!("expected started, got {other:?}"))),
             Some(Err(e)) => Err(Error::transport(e)),
@@ -90,6 +94,8 @@ pub struct Process {
     pid: u32,
     sandbox: Sandbox,
     stdin: Option<ProcessStdin>,
+    /// The feeder's queue, kept for resizes (a pty command only).
+    control: Option<mpsc::Sender<StdinMsg>>,
     events: mpsc::Receiver<Result<Event>>,
     pump: Arc<Pump>,
     /// How it ended, once `next_event` delivered the end.
@@ -107,7 +113,7 @@ impl std::fmt::Debug for Process {
 }
 
 impl Process {
-    fn start(sandbox: Sandbox, pid: u32, relay: Relay, stdin: bool) -> Process {
+    fn start(sandbox: Sandbox, pid: u32, relay: Relay, stdin: bool, pty: bool) -> Process {
         let (sink, frames) = relay.split();
         let (events_tx, events) = mpsc::channel(QUEUE);
         let pump = Arc::new(Pump {
@@ -121,11 +127,15 @@ impl Process {
             over: AtomicBool::new(false),
         });
         // Without stdin the sink is dropped here; the connection lives on in `frames`.
-        let stdin = stdin.then(|| ProcessStdin::start(sink));
+        let (stdin, control) = match stdin.then(|| ProcessStdin::start(sink)) {
+            Some((stdin, control)) => (Some(stdin), pty.then_some(control)),
+            None => (None, None),
+        };
         Process {
             pid,
             sandbox,
             stdin,
+            control,
             events,
             pump,
             end: None,
@@ -232,6 +242,23 @@ impl Process {
                 None => unreachable!("`Exit` returns before events run out"),
             }
         }
+    }
+
+    /// Changes the window size of a command started with
+    /// [`Command::pty`](crate::Command::pty); the guest's kernel sends SIGWINCH to the
+    /// terminal's foreground process group. A size outside 1..=4096 is refused here, as
+    /// the guest would take it as a protocol fault and end the command.
+    pub async fn resize(&self, rows: u32, cols: u32) -> Result<()> {
+        let Some(control) = &self.control else {
+            return Err(Error::BadRequest(
+                "resize needs a command started with Command::pty".into(),
+            ));
+        };
+        wire::Pty::check_size(rows, cols).map_err(Error::BadRequest)?;
+        control
+            .send(StdinMsg::Resize(rows, cols))
+            .await
+            .map_err(|_| Error::transport(stdin_gone(())))
     }
 
     /// Kills the command's whole process group with SIGKILL (on a fresh relay
@@ -430,6 +457,7 @@ impl AsyncRead for OutputStream {
 enum StdinMsg {
     Data(Bytes),
     Close,
+    Resize(u32, u32),
 }
 
 /// A spawned command's stdin, from [`Process::stdin`]. Write with [`send`](ProcessStdin::send)
@@ -441,13 +469,17 @@ pub struct ProcessStdin {
 }
 
 impl ProcessStdin {
-    fn start(sink: SplitSink<Relay, Request>) -> ProcessStdin {
+    /// The writer, and a second handle on its queue for resizes (dropped unless the
+    /// command has a pty, so that dropping the writer still means EOF).
+    fn start(sink: SplitSink<Relay, Request>) -> (ProcessStdin, mpsc::Sender<StdinMsg>) {
         let (tx, rx) = mpsc::channel(4);
         tokio::spawn(feed(sink, rx));
-        ProcessStdin {
+        let control = tx.clone();
+        let stdin = ProcessStdin {
             tx: PollSender::new(tx),
             closed: false,
-        }
+        };
+        (stdin, control)
     }
 
     /// Writes all of `data` (what `write_all` does, with the SDK's error type).
@@ -507,16 +539,26 @@ fn stdin_gone<T>(_: T) -> io::Error {
     )
 }
 
-/// Writes stdin frames in order; EOF on `Close` or when the writer is dropped.
+/// Writes stdin (and resize) frames in order; EOF on `Close` or when every handle is
+/// dropped. Resizes may still follow a `Close` (a pty's stdin closed, its window not).
 async fn feed(mut sink: SplitSink<Relay, Request>, mut rx: mpsc::Receiver<StdinMsg>) {
+    let mut closed = false;
     while let Some(msg) = rx.recv().await {
         let frame = match msg {
+            StdinMsg::Data(_) if closed => continue,
             StdinMsg::Data(data) => Request::Stdin { data: data.into() },
-            StdinMsg::Close => break,
+            StdinMsg::Close if closed => continue,
+            StdinMsg::Close => {
+                closed = true;
+                Request::StdinClose
+            }
+            StdinMsg::Resize(rows, cols) => Request::Resize { rows, cols },
         };
         if sink.send(frame).await.is_err() {
             return;
         }
     }
-    let _ = sink.send(Request::StdinClose).await;
+    if !closed {
+        let _ = sink.send(Request::StdinClose).await;
+    }
 }

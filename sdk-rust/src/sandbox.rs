@@ -122,6 +122,11 @@ impl Sandbox {
     /// [`Error::Timeout`]; in both cases the command was killed. A busy node (503) is
     /// retried as [`Client::with_busy_retries`](crate::Client::with_busy_retries) says, then fails with [`Error::Busy`].
     pub async fn exec(&self, cmd: &Command) -> Result<Output> {
+        if cmd.has_pty() {
+            return Err(Error::BadRequest(
+                "buffered exec has no terminal; use Sandbox::spawn for a Command::pty".into(),
+            ));
+        }
         if cmd.reads_stdin() {
             return Err(Error::BadRequest(
                 "buffered exec has no stdin; use Sandbox::spawn for a command that reads it".into(),

@@ -71,3 +71,22 @@ pub fn pty_fds(pid: u32) -> usize {
         })
         .count()
 }
+
+/// Reads a pty [`sandbox_sdk::Process`]'s output until what arrived since the call
+/// contains `needle`; returns it. Panics on stderr (a pty has one stream) or the exit.
+pub async fn read_process_until(process: &mut sandbox_sdk::Process, needle: &str) -> String {
+    let mut seen = Vec::new();
+    loop {
+        match process.next_event().await {
+            Ok(Some(sandbox_sdk::Event::Stdout(data))) => seen.extend_from_slice(&data),
+            other => panic!(
+                "waiting for {needle:?} after {:?}: got {other:?}",
+                String::from_utf8_lossy(&seen)
+            ),
+        }
+        let text = String::from_utf8_lossy(&seen);
+        if text.contains(needle) {
+            return text.into_owned();
+        }
+    }
+}

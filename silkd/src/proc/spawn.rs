@@ -73,6 +73,7 @@ pub fn prepare(spec: &Spec) -> Result<Launch> {
     if let Some(a) = &account {
         set("USER", &a.name);
         set("LOGNAME", &a.name);
+        set("SHELL", &a.shell);
     }
     set("LANG", BASE_LANG);
     set("TERM", spec.pty.as_ref().map_or("dumb", |p| p.term()));

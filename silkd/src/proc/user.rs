@@ -22,6 +22,9 @@ pub struct Account {
     pub uid: u32,
     pub gid: u32,
     pub home: String,
+    /// Login shell (`/bin/sh` when the entry leaves it empty); `SHELL` for commands and
+    /// what `sbx shell` starts.
+    pub shell: String,
     /// Supplementary groups (the primary gid first), as `initgroups` would set them.
     pub groups: Vec<u32>,
 }
@@ -187,6 +190,11 @@ pub fn resolve(who: &str, passwd: &str, group: &str) -> Result<Account> {
         } else {
             entry.home.to_string()
         },
+        shell: if entry.shell.is_empty() {
+            "/bin/sh".into()
+        } else {
+            entry.shell.to_string()
+        },
         groups,
     })
 }
@@ -196,6 +204,7 @@ struct PwEntry<'a> {
     uid: u32,
     gid: u32,
     home: &'a str,
+    shell: &'a str,
 }
 
 fn parse_passwd_line(line: &str) -> Option<PwEntry<'_>> {
@@ -208,6 +217,7 @@ fn parse_passwd_line(line: &str) -> Option<PwEntry<'_>> {
         uid: f[2].parse().ok()?,
         gid: f[3].parse().ok()?,
         home: f[5],
+        shell: f[6],
     })
 }
 
@@ -234,6 +244,7 @@ mod tests {
                 uid: 1000,
                 gid: 1000,
                 home: "/home/user".into(),
+                shell: "/bin/bash".into(),
                 groups: vec![1000, 27, 100],
             }
         );
