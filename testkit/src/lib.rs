@@ -61,6 +61,7 @@ pub mod silkd;
 pub mod silkd_files;
 pub mod tmpfs;
 pub mod trees;
+pub mod tmux;
 pub mod vm;
 pub mod vm_disk;
 pub mod vm_leftovers;

@@ -26,8 +26,9 @@ pub(crate) const APT_LISTS: &str = "/var/lib/apt/lists";
 /// version requirement, is [`QEMU_PACKAGE`].
 /// `mmdebstrap` and `mkfs.erofs` build Debian templates (`cargo xtask image --template`).
 /// `systemd-analyze` checks the packaged unit and `zstd` compresses the packages
-/// (`cargo xtask dist`, `xtask/tests/dist.rs`).
-const PACKAGES: [(&str, &str); 7] = [
+/// (`cargo xtask dist`, `xtask/tests/dist.rs`). `tmux` is the terminal `sbx shell` is
+/// tested in (`sbx/tests/shell.rs`).
+const PACKAGES: [(&str, &str); 8] = [
     ("bwrap", "bubblewrap"),
     ("file", "file"),
     ("ps", "procps"),
@@ -35,6 +36,7 @@ const PACKAGES: [(&str, &str); 7] = [
     ("mkfs.erofs", "erofs-utils"),
     ("systemd-analyze", "systemd"),
     ("zstd", "zstd"),
+    ("tmux", "tmux"),
 ];
 
 /// A version's major and minor numbers.
