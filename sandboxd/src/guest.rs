@@ -91,6 +91,7 @@ pub async fn kill(guest: &dyn Guest, pid: u32) -> Result<()> {
 pub async fn run_checked(guest: &dyn Guest, argv: &[String], bound: Duration) -> Result<()> {
     let mut conn = connect(guest).await?;
     conn.send(Request::Exec {
+        detach: false,
         pty: None,
         argv: argv.to_vec(),
         cwd: None,

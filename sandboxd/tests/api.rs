@@ -457,6 +457,7 @@ async fn relay_speaks_wire_and_half_closes() {
         Response::Info { .. }
     ));
     conn.send(Request::Exec {
+        detach: false,
         pty: None,
         argv: vec!["sh".into(), "-c".into(), "printf hi".into()],
         cwd: None,

@@ -207,6 +207,7 @@ async fn clients_vanishing_mid_exec_and_mid_relay_leave_no_process() {
     assert_eq!(status, 101);
     let mut conn = Framed::new(stream, HostCodec::new());
     conn.send(Request::Exec {
+        detach: false,
         pty: None,
         argv: vec!["sleep".into(), m.clone()],
         cwd: None,

@@ -276,6 +276,7 @@ async fn golden_clones_identity_exec_relay_kill() {
     let mut first = relay(&d, &ida, &toka).await;
     first
         .send(Request::Exec {
+            detach: false,
             pty: None,
             argv: vec!["sleep".into(), "600".into()],
             cwd: None,

@@ -29,6 +29,7 @@ pub struct Command {
     stdin: bool,
     user: Option<String>,
     pty: Option<wire::Pty>,
+    detach: bool,
 }
 
 impl Command {
@@ -42,6 +43,7 @@ impl Command {
             stdin: false,
             user: None,
             pty: None,
+            detach: false,
         }
     }
 
@@ -142,6 +144,23 @@ impl Command {
         self
     }
 
+    /// Keeps a spawned command running when its [`Process`](crate::Process) is dropped
+    /// or its connection breaks: the guest keeps its output in a bounded ring, and
+    /// [`Sandbox::attach`](crate::Sandbox::attach) follows it again later (by pid, from
+    /// [`Sandbox::processes`](crate::Sandbox::processes)); end it with
+    /// [`Process::kill`](crate::Process::kill) or [`Sandbox::kill`](crate::Sandbox::kill).
+    /// It takes no [`timeout`](Command::timeout) (the guest refuses the pair); buffered
+    /// exec refuses it.
+    pub fn detach(mut self, on: bool) -> Command {
+        self.detach = on;
+        self
+    }
+
+    /// Whether the command is detached.
+    pub fn is_detached(&self) -> bool {
+        self.detach
+    }
+
     /// Whether the command runs under a pseudo-terminal.
     pub fn has_pty(&self) -> bool {
         self.pty.is_some()
@@ -173,6 +192,7 @@ impl Command {
     pub(crate) fn exec_frame(&self) -> wire::Request {
         wire::Request::Exec {
             pty: self.pty.clone(),
+            detach: self.detach,
             argv: self.argv.clone(),
             cwd: self.cwd.clone(),
             env: (!self.env.is_empty()).then(|| {
@@ -287,8 +307,10 @@ mod tests {
                 timeout_ms,
                 user,
                 pty,
+                detach,
             } => {
                 assert_eq!(pty, None);
+                assert!(!detach);
                 assert_eq!(user.as_deref(), Some("root"));
                 assert_eq!(argv, ["env"]);
                 assert_eq!(cwd.as_deref(), Some("/tmp"));

@@ -52,8 +52,11 @@ impl Sandbox {
                 self.clone(),
                 pid,
                 relay,
-                cmd.reads_stdin(),
-                cmd.has_pty(),
+                Streams {
+                    stdin: cmd.reads_stdin(),
+                    resizable: cmd.has_pty(),
+                    detached: cmd.is_detached(),
+                },
             )),
             Some(Ok(Response::Error { kind, message })) => Err(Error::from_guest(kind, message)),
             Some(Ok(other)) => Err(Error::Protocol(format!("expected started, got {other:?}"))),
@@ -63,6 +66,46 @@ impl Sandbox {
             )),
         }
     }
+
+    /// Follows a command started with [`Command::detach`](crate::Command::detach) (its pid
+    /// from [`Process::pid`] or [`Sandbox::processes`]): the returned [`Process`] first
+    /// delivers the output the guest's ring still holds, then live output, then the exit.
+    /// Its stdin writes to the command's stdin (when it was started with one, or a pty),
+    /// [`Process::resize`] reaches its terminal, and dropping it leaves the command
+    /// running. An unknown pid is [`Error::NotFound`]; one not detached, `BadRequest`.
+    pub async fn attach(&self, pid: u32) -> Result<Process> {
+        let mut relay = self.relay().await?;
+        relay
+            .send(Request::Attach { pid })
+            .await
+            .map_err(Error::transport)?;
+        match relay.next().await {
+            Some(Ok(Response::Started { pid })) => Ok(Process::start(
+                self.clone(),
+                pid,
+                relay,
+                Streams {
+                    stdin: true,
+                    resizable: true,
+                    detached: true,
+                },
+            )),
+            Some(Ok(Response::Error { kind, message })) => Err(Error::from_guest(kind, message)),
+            Some(Ok(other)) => Err(Error::Protocol(format!("expected started, got {other:?}"))),
+            Some(Err(e)) => Err(Error::transport(e)),
+            None => Err(Error::Protocol("the relay closed before attaching".into())),
+        }
+    }
+}
+
+/// What a started [`Process`] may do besides reading output.
+struct Streams {
+    /// It has a stdin writer.
+    stdin: bool,
+    /// `resize` is sent (a pty, or an attach: the guest checks).
+    resizable: bool,
+    /// It outlives this `Process`: dropping it or its stdin ends neither.
+    detached: bool,
 }
 
 /// One thing a running command did.
@@ -100,6 +143,8 @@ pub struct Process {
     pump: Arc<Pump>,
     /// How it ended, once `next_event` delivered the end.
     end: Option<Result<ExitStatus>>,
+    /// Detached: dropping this `Process` leaves the command running.
+    detached: bool,
 }
 
 impl std::fmt::Debug for Process {
@@ -113,7 +158,7 @@ impl std::fmt::Debug for Process {
 }
 
 impl Process {
-    fn start(sandbox: Sandbox, pid: u32, relay: Relay, stdin: bool, pty: bool) -> Process {
+    fn start(sandbox: Sandbox, pid: u32, relay: Relay, streams: Streams) -> Process {
         let (sink, frames) = relay.split();
         let (events_tx, events) = mpsc::channel(QUEUE);
         let pump = Arc::new(Pump {
@@ -127,8 +172,11 @@ impl Process {
             over: AtomicBool::new(false),
         });
         // Without stdin the sink is dropped here; the connection lives on in `frames`.
-        let (stdin, control) = match stdin.then(|| ProcessStdin::start(sink)) {
-            Some((stdin, control)) => (Some(stdin), pty.then_some(control)),
+        let started = streams
+            .stdin
+            .then(|| ProcessStdin::start(sink, !streams.detached));
+        let (stdin, control) = match started {
+            Some((stdin, control)) => (Some(stdin), streams.resizable.then_some(control)),
             None => (None, None),
         };
         Process {
@@ -139,6 +187,7 @@ impl Process {
             events,
             pump,
             end: None,
+            detached: streams.detached,
         }
     }
 
@@ -280,7 +329,7 @@ impl Process {
 impl Drop for Process {
     fn drop(&mut self) {
         self.pump.stop();
-        if self.ended() {
+        if self.ended() || self.detached {
             return;
         }
         // Outside a runtime nothing can be spawned; the closed connection still makes the
@@ -471,9 +520,12 @@ pub struct ProcessStdin {
 impl ProcessStdin {
     /// The writer, and a second handle on its queue for resizes (dropped unless the
     /// command has a pty, so that dropping the writer still means EOF).
-    fn start(sink: SplitSink<Relay, Request>) -> (ProcessStdin, mpsc::Sender<StdinMsg>) {
+    fn start(
+        sink: SplitSink<Relay, Request>,
+        eof_on_drop: bool,
+    ) -> (ProcessStdin, mpsc::Sender<StdinMsg>) {
         let (tx, rx) = mpsc::channel(4);
-        tokio::spawn(feed(sink, rx));
+        tokio::spawn(feed(sink, rx, eof_on_drop));
         let control = tx.clone();
         let stdin = ProcessStdin {
             tx: PollSender::new(tx),
@@ -539,9 +591,14 @@ fn stdin_gone<T>(_: T) -> io::Error {
     )
 }
 
-/// Writes stdin (and resize) frames in order; EOF on `Close` or when every handle is
-/// dropped. Resizes may still follow a `Close` (a pty's stdin closed, its window not).
-async fn feed(mut sink: SplitSink<Relay, Request>, mut rx: mpsc::Receiver<StdinMsg>) {
+/// Writes stdin (and resize) frames in order; EOF on `Close`, or when every handle is
+/// dropped unless the command is detached (other clients may still be writing to it).
+/// Resizes may still follow a `Close` (a pty's stdin closed, its window not).
+async fn feed(
+    mut sink: SplitSink<Relay, Request>,
+    mut rx: mpsc::Receiver<StdinMsg>,
+    eof_on_drop: bool,
+) {
     let mut closed = false;
     while let Some(msg) = rx.recv().await {
         let frame = match msg {
@@ -558,7 +615,7 @@ async fn feed(mut sink: SplitSink<Relay, Request>, mut rx: mpsc::Receiver<StdinM
             return;
         }
     }
-    if !closed {
+    if !closed && eof_on_drop {
         let _ = sink.send(Request::StdinClose).await;
     }
 }

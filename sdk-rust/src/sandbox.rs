@@ -122,6 +122,11 @@ impl Sandbox {
     /// [`Error::Timeout`]; in both cases the command was killed. A busy node (503) is
     /// retried as [`Client::with_busy_retries`](crate::Client::with_busy_retries) says, then fails with [`Error::Busy`].
     pub async fn exec(&self, cmd: &Command) -> Result<Output> {
+        if cmd.is_detached() {
+            return Err(Error::BadRequest(
+                "buffered exec waits for the end; use Sandbox::spawn for a detached command".into(),
+            ));
+        }
         if cmd.has_pty() {
             return Err(Error::BadRequest(
                 "buffered exec has no terminal; use Sandbox::spawn for a Command::pty".into(),

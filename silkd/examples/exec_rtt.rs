@@ -57,6 +57,7 @@ async fn main() {
     let mut conn = Framed::new(stream, HostCodec::new());
 
     let exec = Request::Exec {
+        detach: false,
         pty: None,
         argv: vec!["true".into()],
         cwd: None,

@@ -100,6 +100,7 @@ async fn rpc_loop<S: AsyncRead>(
                 timeout_ms,
                 user,
                 pty,
+                detach,
             } => {
                 let spec = Spec {
                     argv,
@@ -109,11 +110,23 @@ async fn rpc_loop<S: AsyncRead>(
                     user,
                     pty,
                 };
-                match exec(spec, timeout_ms, reader, tx, table).await? {
+                let ran = if detach {
+                    exec_detached(spec, timeout_ms, reader, tx, table).await?
+                } else {
+                    exec(spec, timeout_ms, reader, tx, table).await?
+                };
+                match ran {
                     Some(answer) => answer,
                     None => return Ok(()),
                 }
             }
+            Request::Attach { pid } => match table.attachable(pid) {
+                Err(e) => e.to_response(),
+                Ok(det) => match crate::detach::attach(det, pid, reader, tx).await? {
+                    Some(answer) => answer,
+                    None => return Ok(()),
+                },
+            },
             Request::Kill { pid, signal } => kill(table, pid, signal),
             Request::Ps => Response::Procs {
                 procs: table.list(),
@@ -187,7 +200,7 @@ async fn exec<S: AsyncRead>(
 ) -> Result<Option<Response>> {
     // Under a pty stdin is the terminal: keystrokes are always accepted.
     let wants_stdin = spec.stdin || spec.pty.is_some();
-    let (spawned, mut status_rx) = match table.spawn(&spec) {
+    let (spawned, mut status_rx) = match table.spawn(&spec, false) {
         Ok(s) => s,
         Err(e) => return Ok(Some(e.to_response())),
     };
@@ -275,12 +288,40 @@ async fn exec<S: AsyncRead>(
     }))
 }
 
+/// Starts a detached command (its output pumped into a ring of its own) and serves
+/// this connection as its first attached client: leaving does not kill it.
+async fn exec_detached<S: AsyncRead>(
+    spec: Spec,
+    timeout_ms: Option<u64>,
+    reader: &mut Reader<S>,
+    tx: &Out,
+    table: &ProcessTable,
+) -> Result<Option<Response>> {
+    if timeout_ms.is_some() {
+        // A timeout belongs to a caller waiting for the end; a detached command outlives
+        // its caller, and is ended with `kill`.
+        return Ok(Some(Response::error(
+            ErrorKind::BadRequest,
+            "timeout_ms cannot be combined with detach: a detached command is ended with kill",
+        )));
+    }
+    let (spawned, status_rx) = match table.spawn(&spec, true) {
+        Ok(s) => s,
+        Err(e) => return Ok(Some(e.to_response())),
+    };
+    let pid = spawned.pid;
+    let det = crate::detach::Detached::start(spawned, status_rx, table.ring_bytes());
+    table.set_detached(pid, det.clone());
+    crate::detach::attach(det, pid, reader, tx).await
+}
+
 pub(crate) fn verb(r: &Request) -> &'static str {
     match r {
         Request::Exec { .. } => "exec",
         Request::Stdin { .. } => "stdin",
         Request::StdinClose => "stdin_close",
         Request::Resize { .. } => "resize",
+        Request::Attach { .. } => "attach",
         Request::Kill { .. } => "kill",
         Request::Ps => "ps",
         Request::Info => "info",

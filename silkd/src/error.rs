@@ -14,6 +14,9 @@ pub enum Error {
     /// The caller asked for something impossible (bad argv, missing cwd...).
     #[error("{0}")]
     BadRequest(String),
+    /// No such pid (an `Attach` to a command silkd never started or forgot).
+    #[error("{0}")]
+    NotFound(String),
     /// The process table is full of running commands (`--max-procs`): retryable.
     #[error("{0}")]
     Full(String),
@@ -79,6 +82,7 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::BadRequest(_) | Error::ListenAddr(_) => ErrorKind::BadRequest,
+            Error::NotFound(_) => ErrorKind::NotFound,
             Error::Exhausted { .. } | Error::Full(_) => ErrorKind::ResourceExhausted,
             Error::Wire(e) if e.is_bad_input() => ErrorKind::BadRequest,
             Error::Fs { source, .. } => fs_kind(source),

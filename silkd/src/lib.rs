@@ -13,6 +13,7 @@
 //! silkd knows nothing of HTTP, pools or tokens.
 
 pub mod conn;
+pub mod detach;
 pub mod error;
 pub mod files;
 pub mod init;
@@ -40,6 +41,11 @@ pub struct Args {
     #[arg(long, default_value_t = proc::DEFAULT_MAX_PROCS,
           value_parser = clap::value_parser!(u32).range(1..=proc::MAX_MAX_PROCS as i64))]
     pub max_procs: u32,
+    /// Bytes of output kept per detached command (its ring; the oldest are dropped and
+    /// counted past it). At most 64 detached commands are kept at once.
+    #[arg(long, default_value_t = detach::DEFAULT_RING_BYTES,
+          value_parser = clap::value_parser!(u64).range(1..=detach::MAX_RING_BYTES))]
+    pub detach_ring: u64,
     /// A writable cgroup2 directory: each command runs in its own child cgroup of it, and
     /// a kill takes the whole cgroup (processes that called `setsid` included). Without
     /// it, kills reach the command's process group only. As PID 1, silkd mounts cgroup2
@@ -126,10 +132,10 @@ pub async fn serve(args: Args) -> Result<()> {
         workdir: args.workdir.clone(),
         env: args.env.clone(),
     });
-    let table = Arc::new(proc::ProcessTable::new(
-        args.max_procs,
-        exec_cgroups(args.cgroup.as_deref())?,
-    ));
+    let table = Arc::new(
+        proc::ProcessTable::new(args.max_procs, exec_cgroups(args.cgroup.as_deref())?)
+            .with_ring_bytes(args.detach_ring),
+    );
     proc::reaper::become_subreaper();
     let reaper = tokio::spawn(proc::reaper::run(table.clone())?);
     let mut tasks = Vec::new();

@@ -101,6 +101,7 @@ async fn timeout_takes_processes_that_called_setsid() {
     let mut c = silkd.connect().await;
     let out = c
         .exec(Request::Exec {
+            detach: false,
             pty: None,
             argv: ["sh", "-c", &format!("setsid sleep {m} & sleep {m}")]
                 .map(String::from)

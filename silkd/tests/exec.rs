@@ -35,6 +35,7 @@ async fn stdin_round_trip_with_eof() {
     let silkd = Silkd::start(env!("CARGO_BIN_EXE_silkd")).await;
     let mut c = silkd.connect().await;
     c.send(Request::Exec {
+        detach: false,
         pty: None,
         argv: vec!["cat".into()],
         cwd: None,
@@ -90,6 +91,7 @@ async fn environment_is_cleared_and_cwd_applies() {
     let mut c = silkd.connect().await;
     let out = c
         .exec(Request::Exec {
+            detach: false,
             pty: None,
             argv: vec!["sh".into(), "-c".into(), "env | sort; pwd".into()],
             cwd: Some("/usr".into()),
@@ -134,6 +136,7 @@ async fn spawn_errors_are_typed_and_name_the_path() {
         (exec_req(&["/tmp"]), "/tmp"),
         (
             Request::Exec {
+                detach: false,
                 pty: None,
                 argv: vec!["true".into()],
                 cwd: Some("/no/such/dir".into()),
@@ -146,6 +149,7 @@ async fn spawn_errors_are_typed_and_name_the_path() {
         ),
         (
             Request::Exec {
+                detach: false,
                 pty: None,
                 argv: vec!["true".into()],
                 cwd: Some(file.clone()),
@@ -180,6 +184,7 @@ async fn timeout_kills_the_group() {
     let mut c = silkd.connect().await;
     let out = c
         .exec(Request::Exec {
+            detach: false,
             pty: None,
             argv: vec![
                 "sh".into(),

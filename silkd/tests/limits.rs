@@ -11,6 +11,7 @@ use wire::{ErrorKind, Request, Response};
 
 fn exec(argv: Vec<String>, env: Option<Vec<(String, String)>>, cwd: Option<String>) -> Request {
     Request::Exec {
+        detach: false,
         pty: None,
         argv,
         cwd,

@@ -8,6 +8,7 @@ use wire::{ErrorKind, Request, Response};
 
 fn as_user(argv: &[&str], user: Option<&str>, env: &[(&str, &str)]) -> Request {
     Request::Exec {
+        detach: false,
         pty: None,
         argv: argv.iter().map(|s| s.to_string()).collect(),
         cwd: None,

@@ -20,6 +20,7 @@ pub fn pty_exec_req(argv: &[&str], rows: u32, cols: u32) -> Request {
 /// An `Exec` of `argv` under the given pty (which may be hostile).
 pub fn pty_exec_with(argv: &[&str], pty: Pty) -> Request {
     Request::Exec {
+        detach: false,
         argv: argv.iter().map(|s| s.to_string()).collect(),
         cwd: None,
         env: None,

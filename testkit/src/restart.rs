@@ -138,6 +138,7 @@ pub async fn exec_unread(
     assert!(rest.is_empty(), "bytes before the first frame: {rest:?}");
     let mut conn = Framed::new(stream, HostCodec::new());
     conn.send(Request::Exec {
+        detach: false,
         pty: None,
         argv: argv.iter().map(|a| a.to_string()).collect(),
         cwd: None,

@@ -121,6 +121,7 @@ pub struct Outcome {
 /// A plain `Exec` of `argv`.
 pub fn exec_req(argv: &[&str]) -> Request {
     Request::Exec {
+        detach: false,
         pty: None,
         argv: argv.iter().map(|s| s.to_string()).collect(),
         cwd: None,

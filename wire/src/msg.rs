@@ -40,6 +40,18 @@ pub enum Request {
         /// and `Resize` may be sent while it runs.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         pty: Option<Pty>,
+        /// Keep running when this connection closes: output goes to a bounded ring in
+        /// silkd as well as to this connection, and later connections `Attach` by pid.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        detach: bool,
+    },
+    /// Follow a command started with `detach: true`: answered like an `Exec` (`Started`,
+    /// the output its ring still holds, then live output, then `Exit`); `Stdin`,
+    /// `StdinClose` and `Resize` may be sent meanwhile. Closing the connection leaves
+    /// the command running.
+    Attach {
+        /// The pid from `Started` or `Procs`.
+        pid: u32,
     },
     /// Change the window size of the running exec's pseudo-terminal (only valid during
     /// an `Exec` with `pty`). Answered by nothing; the kernel sends SIGWINCH to the
@@ -305,6 +317,16 @@ pub struct ProcInfo {
     /// Signal, once ended by one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signal: Option<i32>,
+    /// When it started, in milliseconds since the Unix epoch (guest clock).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started_ms: Option<u64>,
+    /// Started with `detach: true`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub detached: bool,
+    /// Of a detached command: output bytes its ring dropped (oldest first) to stay
+    /// within its size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dropped: Option<u64>,
 }
 
 /// Whether a command still runs.

@@ -165,6 +165,7 @@ fn requests() -> Vec<(&'static str, Request)> {
         (
             "req_exec",
             Request::Exec {
+                detach: false,
                 pty: None,
                 argv: vec!["sh".into(), "-c".into(), "echo hi".into()],
                 cwd: Some("/tmp".into()),
@@ -177,6 +178,7 @@ fn requests() -> Vec<(&'static str, Request)> {
         (
             "req_exec_user",
             Request::Exec {
+                detach: false,
                 pty: None,
                 argv: vec!["id".into()],
                 cwd: None,
@@ -189,6 +191,7 @@ fn requests() -> Vec<(&'static str, Request)> {
         (
             "req_exec_minimal",
             Request::Exec {
+                detach: false,
                 pty: None,
                 argv: vec!["true".into()],
                 cwd: None,
@@ -208,6 +211,7 @@ fn requests() -> Vec<(&'static str, Request)> {
         (
             "req_exec_pty",
             Request::Exec {
+                detach: false,
                 argv: vec!["bash".into(), "-l".into()],
                 cwd: None,
                 env: None,
@@ -221,6 +225,24 @@ fn requests() -> Vec<(&'static str, Request)> {
                 }),
             },
         ),
+        (
+            "req_exec_detach",
+            Request::Exec {
+                argv: vec![
+                    "sh".into(),
+                    "-c".into(),
+                    "while true; do date; sleep 1; done".into(),
+                ],
+                cwd: None,
+                env: None,
+                stdin: true,
+                timeout_ms: None,
+                user: None,
+                pty: None,
+                detach: true,
+            },
+        ),
+        ("req_attach", Request::Attach { pid: 4242 }),
         (
             "req_resize",
             Request::Resize {
@@ -293,6 +315,9 @@ fn responses() -> Vec<(&'static str, Response)> {
                         state: ProcState::Running,
                         code: None,
                         signal: None,
+                        started_ms: None,
+                        detached: false,
+                        dropped: None,
                     },
                     ProcInfo {
                         pid: 11,
@@ -300,8 +325,26 @@ fn responses() -> Vec<(&'static str, Response)> {
                         state: ProcState::Exited,
                         code: Some(0),
                         signal: None,
+                        started_ms: None,
+                        detached: false,
+                        dropped: None,
                     },
                 ],
+            },
+        ),
+        (
+            "resp_procs_detached",
+            Response::Procs {
+                procs: vec![ProcInfo {
+                    pid: 12,
+                    argv: vec!["python3".into(), "-m".into(), "http.server".into()],
+                    state: ProcState::Running,
+                    code: None,
+                    signal: None,
+                    started_ms: Some(1_796_000_000_000),
+                    detached: true,
+                    dropped: Some(4096),
+                }],
             },
         ),
         (

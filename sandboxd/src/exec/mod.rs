@@ -128,6 +128,7 @@ async fn run(
     let mut conn = guest::connect(guest).await?;
     let timeout = req.timeout_seconds.map(Duration::from_secs_f64);
     conn.send(Request::Exec {
+        detach: false,
         pty: None,
         argv: req.argv,
         cwd: req.cwd,

@@ -18,8 +18,10 @@ pub mod user;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime};
+
+use crate::detach::{Detached, MAX_DETACHED};
 
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -61,6 +63,13 @@ pub enum KillOutcome {
 struct Entry {
     /// What [`summary`] kept of the argv.
     argv: Vec<String>,
+    /// When it started (guest clock), for `Procs`.
+    started: SystemTime,
+    /// Started with `detach: true` (set under the lock at spawn, so the count of
+    /// detached entries cannot overshoot).
+    detach: bool,
+    /// Its ring, stdin and terminal, once `conn` has set them up.
+    detached: Option<Arc<Detached>>,
     exited: Option<(ExitStatus, Instant)>,
     status_tx: watch::Sender<Option<ExitStatus>>,
     /// The command's own cgroup, until it is removed.
@@ -81,6 +90,8 @@ struct Inner {
 pub struct ProcessTable {
     inner: Mutex<Inner>,
     max: usize,
+    /// Output kept per detached command (`--detach-ring`).
+    ring_bytes: u64,
     cgroups: Option<cgroup::ExecCgroups>,
 }
 
@@ -98,7 +109,41 @@ impl ProcessTable {
         ProcessTable {
             inner: Mutex::default(),
             max: max.clamp(1, MAX_MAX_PROCS) as usize,
+            ring_bytes: crate::detach::DEFAULT_RING_BYTES,
             cgroups,
+        }
+    }
+
+    /// Keeps `bytes` of output per detached command (clamped to 1..=`MAX_RING_BYTES`).
+    pub fn with_ring_bytes(mut self, bytes: u64) -> Self {
+        self.ring_bytes = bytes.clamp(1, crate::detach::MAX_RING_BYTES);
+        self
+    }
+
+    /// Output kept per detached command.
+    pub fn ring_bytes(&self) -> u64 {
+        self.ring_bytes
+    }
+
+    /// Records the ring and handles of a command spawned with `detach`.
+    pub fn set_detached(&self, pid: u32, det: Arc<Detached>) {
+        if let Some(e) = self.lock().entries.get_mut(&pid) {
+            e.detached = Some(det);
+        }
+    }
+
+    /// The detached command `pid`, to attach to: `not_found` for an unknown pid,
+    /// `bad_request` for one not started with `detach`.
+    pub fn attachable(&self, pid: u32) -> Result<Arc<Detached>> {
+        let inner = self.lock();
+        match inner.entries.get(&pid) {
+            None => Err(Error::NotFound(format!("no command with pid {pid}"))),
+            Some(Entry {
+                detached: Some(d), ..
+            }) => Ok(Arc::clone(d)),
+            Some(_) => Err(Error::BadRequest(format!(
+                "pid {pid} was not started with detach: true; only detached commands can be attached"
+            ))),
         }
     }
 
@@ -112,11 +157,15 @@ impl ProcessTable {
     pub fn spawn(
         &self,
         spec: &spawn::Spec,
+        detach: bool,
     ) -> Result<(spawn::Spawned, watch::Receiver<Option<ExitStatus>>)> {
         let launch = spawn::prepare(spec)?;
         spawn::check(spec, &launch)?;
         let mut inner = self.lock();
         gc(&mut inner);
+        if detach {
+            self.make_room_detached(&mut inner)?;
+        }
         self.make_room(&mut inner)?;
         let cgroup = self.cgroups.as_ref().map(|c| c.create()).transpose()?;
         let spawned = match spawn::spawn(spec, &launch, cgroup.as_ref()) {
@@ -133,12 +182,38 @@ impl ProcessTable {
             spawned.pid,
             Entry {
                 argv: summary(&spec.argv),
+                started: SystemTime::now(),
+                detach,
+                detached: None,
                 exited: None,
                 status_tx,
                 cgroup: cgroup.map(|c| c.path),
             },
         );
         Ok((spawned, status_rx))
+    }
+
+    /// Refuses a detached spawn when [`MAX_DETACHED`] detached commands run; else forgets
+    /// the oldest exited detached entries (and their rings) until one more fits.
+    fn make_room_detached(&self, inner: &mut Inner) -> Result<()> {
+        loop {
+            let detached = || inner.entries.iter().filter(|(_, e)| e.detach);
+            if detached().count() < MAX_DETACHED {
+                return Ok(());
+            }
+            let oldest = detached()
+                .filter_map(|(pid, e)| e.exited.map(|(_, at)| (at, *pid)))
+                .min()
+                .map(|(_, pid)| pid);
+            match oldest {
+                Some(pid) => forget(inner, pid),
+                None => {
+                    return Err(Error::Full(format!(
+                        "{MAX_DETACHED} detached commands are running, the most silkd keeps"
+                    )))
+                }
+            }
+        }
     }
 
     /// Refuses a spawn when every entry runs; else forgets the oldest exited entries
@@ -232,6 +307,13 @@ impl ProcessTable {
                     state,
                     code,
                     signal,
+                    started_ms: e
+                        .started
+                        .duration_since(SystemTime::UNIX_EPOCH)
+                        .ok()
+                        .map(|d| d.as_millis() as u64),
+                    detached: e.detach,
+                    dropped: e.detached.as_ref().map(|d| d.dropped()),
                 }
             })
             .collect();
@@ -325,13 +407,18 @@ mod tests {
             state: ProcState::Exited,
             code: Some(i32::MIN),
             signal: None,
+            started_ms: Some(u64::MAX),
+            detached: false,
+            dropped: None,
         };
         assert_eq!(row.argv.len(), PS_ARGS);
         assert!(row.argv.iter().all(|a| a.len() <= PS_ARG_BYTES));
-        let frame = wire::encode_frame(Response::Procs {
-            procs: vec![row; MAX_MAX_PROCS as usize],
-        })
-        .expect("within the byte cap");
+        let mut procs = vec![row; MAX_MAX_PROCS as usize];
+        for p in procs.iter_mut().take(MAX_DETACHED) {
+            p.detached = true;
+            p.dropped = Some(u64::MAX);
+        }
+        let frame = wire::encode_frame(Response::Procs { procs }).expect("within the byte cap");
         wire::shape::check(&frame[4..]).expect("within the shape caps");
     }
 
