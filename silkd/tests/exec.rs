@@ -112,7 +112,7 @@ async fn environment_is_cleared_and_cwd_applies() {
         .collect();
     assert_eq!(
         names,
-        ["GREETING", "HOME", "LANG", "LOGNAME", "PATH", "TERM", "USER"],
+        ["GREETING", "HOME", "LANG", "LOGNAME", "PATH", "SHELL", "TERM", "USER"],
         "{text}"
     );
     assert!(text.contains("GREETING=hi there"));
