@@ -58,6 +58,18 @@ pub enum Cmd {
         #[arg(long, short = 'u')]
         user: Option<String>,
     },
+    /// List a sandbox's commands (running and recently exited, detached or not).
+    Ps {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Follow a detached command: its retained output, then live, then its exit code.
+    Attach {
+        /// Sandbox id.
+        id: String,
+        /// The command's pid (from `sbx exec --detach` or `sbx ps`).
+        pid: u32,
+    },
     /// Release a sandbox (an already released one is not an error).
     Release {
         /// Sandbox id.
@@ -140,6 +152,10 @@ pub struct RunArgs {
     /// Run it under a pseudo-terminal sized like ours (our terminal goes raw meanwhile).
     #[arg(long, short = 't')]
     pub tty: bool,
+    /// Start it detached and print its pid: it keeps running after sbx exits; follow it
+    /// with `sbx attach`, end it with a kill.
+    #[arg(long, short = 'd')]
+    pub detach: bool,
     /// The command and its arguments.
     #[arg(last = true, required = true)]
     pub argv: Vec<String>,

@@ -32,7 +32,7 @@ impl From<Error> for Stop {
 }
 
 /// The exit code of `exec` / `run`.
-fn finish(result: Result<ExitStatus, Stop>) -> u8 {
+pub(crate) fn finish(result: Result<ExitStatus, Stop>) -> u8 {
     match result {
         // Codes outside 0..=255 cannot be an exit status; a shell would truncate them.
         Ok(status) => (status.shell_code() & 0xff) as u8,
@@ -57,7 +57,31 @@ pub async fn exec_cmd(client: &Client, id: String, run: RunArgs) -> u8 {
             return EXIT_SBX_FAILED;
         }
     };
+    if run.detach {
+        return match command(&run) {
+            Ok(cmd) => crate::detach::start(client, id, cmd).await,
+            Err(e) => finish(Err(e)),
+        };
+    }
     finish(stream(&client.sandbox(id), run, &interrupts).await)
+}
+
+/// The command `--detach` starts: argv, env, cwd and user (no stdin, no timeout).
+fn command(run: &RunArgs) -> Result<Command, Stop> {
+    if run.timeout.is_some() || run.tty {
+        return Err(Error::BadRequest(
+            "--detach takes no --timeout or -t (end it with kill; attach with sbx attach)".into(),
+        )
+        .into());
+    }
+    let mut cmd = Command::from_argv(run.argv.clone()).envs(run.env.clone());
+    if let Some(cwd) = &run.cwd {
+        cmd = cmd.cwd(cwd.clone());
+    }
+    if let Some(user) = &run.user {
+        cmd = cmd.user(user.clone());
+    }
+    Ok(cmd)
 }
 
 /// `sbx shell ID`: the user's login shell under a pty; sbx's exit code.
@@ -141,6 +165,9 @@ async fn stream(
     if args.tty {
         return crate::shell::session(sandbox, cmd, interrupts).await;
     }
+    if args.detach {
+        return Err(Error::BadRequest("--detach is `sbx exec` only".into()).into());
+    }
     let mut process = tokio::select! {
         spawned = sandbox.spawn(&cmd) => spawned?,
         sig = interrupts.wait() => return Err(Stop::Signal(sig)),
@@ -172,7 +199,7 @@ async fn stream(
 /// Copies the command's output to ours until it ends, then waits for its status. When our
 /// stdout or stderr is closed (`sbx exec ... | head`), the command is killed, as SIGPIPE
 /// would end a local one, and sbx exits 128 + SIGPIPE.
-async fn copy_and_wait(process: &mut Process) -> Result<ExitStatus, Stop> {
+pub(crate) async fn copy_and_wait(process: &mut Process) -> Result<ExitStatus, Stop> {
     let mut out = process.take_stdout().expect("taken first");
     let mut err = process.take_stderr().expect("taken first");
     let (mut stdout, mut stderr) = (tokio::io::stdout(), tokio::io::stderr());
@@ -195,7 +222,7 @@ pub(crate) struct Interrupts {
 }
 
 impl Interrupts {
-    fn install() -> Result<Interrupts, std::io::Error> {
+    pub(crate) fn install() -> Result<Interrupts, std::io::Error> {
         let (tx, rx) = watch::channel(None);
         let mut int = signal(SignalKind::interrupt())?;
         let mut term = signal(SignalKind::terminate())?;

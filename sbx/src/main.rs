@@ -1,7 +1,8 @@
 //! `sbx`: sandboxd from a terminal — claim, exec (streamed over the relay; `-t` under a
-//! pseudo-terminal), shell (an interactive login shell), run (claim, exec, release),
-//! release, renew, ls, info, cp (files in and out), port-forward, mcp. A thin layer over
-//! `sandbox_sdk`: argument parsing, printing, exit codes and signals only.
+//! pseudo-terminal; `--detach` outliving sbx), shell (an interactive login shell), ps,
+//! attach (follow a detached command), run (claim, exec, release), release, renew, ls,
+//! info, cp (files in and out), port-forward, mcp. A thin layer over `sandbox_sdk`:
+//! argument parsing, printing, exit codes and signals only.
 //!
 //! Exit codes: `exec` and `run` exit with the command's code (128 + signal when a signal
 //! ended it), 124 when its `--timeout` expired, 130/143/129 when sbx was interrupted, 141
@@ -15,6 +16,7 @@
 
 mod cli;
 mod config;
+mod detach;
 mod exec;
 mod files;
 mod forward;
@@ -53,6 +55,8 @@ async fn main() -> ExitCode {
         Cmd::Claim { claim, json } => plain(claim_cmd(&client, claim, json).await),
         Cmd::Exec { id, run } => exec_cmd(&client, id, run).await,
         Cmd::Run { claim, run } => run_cmd(&client, claim, run).await,
+        Cmd::Ps { id } => detach::ps(&client, id).await,
+        Cmd::Attach { id, pid } => detach::attach(&client, id, pid).await,
         Cmd::Shell { id, cwd, user } => shell_cmd(&client, id, cwd, user).await,
         Cmd::Release { id } => plain(client.sandbox(id).release().await),
         Cmd::Renew { id, ttl } => plain(renew_cmd(&client, id, ttl).await),
