@@ -7,6 +7,15 @@ use testkit::sdk::assert_nothing_runs;
 use testkit::tmux::{stty_of, Tmux};
 use testkit::{bounded, wait_until, Setup, ROOT};
 
+/// The file's content once it holds a whole line (the shell may be writing it).
+fn complete_line(path: &std::path::Path) -> Result<String, String> {
+    match std::fs::read_to_string(path) {
+        Ok(s) if s.ends_with('\n') => Ok(s),
+        Ok(s) => Err(s),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 #[tokio::test]
 async fn shell_in_tmux_types_reads_resizes_and_restores_the_terminal() {
     let d = testkit::sdk::start(Setup::sdk()).await;
@@ -27,12 +36,13 @@ async fn shell_in_tmux_types_reads_resizes_and_restores_the_terminal() {
         tmux.wait_settings_change(&dir.path().join("before")).await;
         // Markers are computed remotely, so the echo of the typed line does not match.
         tmux.type_line("echo hello-$((20+1)); stty size");
-        let screen = tmux.wait_for("hello-21").await;
-        assert!(screen.contains("30 100"), "window size passed on:\n{screen}");
+        // `stty size` prints last: once its answer is there, so is the echo's.
+        let screen = tmux.wait_for("30 100").await;
+        assert!(screen.contains("hello-21"), "typed command ran:\n{screen}");
         let before = std::fs::read_to_string(dir.path().join("before")).unwrap();
 
         tmux.resize(120, 40);
-        tmux.type_line("stty size; echo size-$((1+1))");
+        tmux.type_line("echo size-$((1+1)); stty size");
         let screen = tmux
             .wait_for("40 120")
             .await;
@@ -41,7 +51,7 @@ async fn shell_in_tmux_types_reads_resizes_and_restores_the_terminal() {
         tmux.type_line("exit 7");
         tmux.wait_for("sbx-rc=7").await;
         let after = wait_until(std::time::Duration::from_secs(10), "stty -g after", async || {
-            std::fs::read_to_string(dir.path().join("after")).map_err(|e| e.to_string())
+            complete_line(&dir.path().join("after"))
         })
         .await;
         assert_eq!(before, after, "terminal restored");
@@ -71,7 +81,7 @@ async fn shell_in_tmux_types_reads_resizes_and_restores_the_terminal() {
         tmux2.wait_for("sbx-rc=143").await;
         let before = std::fs::read_to_string(dir2.path().join("before")).unwrap();
         let after = wait_until(std::time::Duration::from_secs(10), "stty -g after", async || {
-            std::fs::read_to_string(dir2.path().join("after")).map_err(|e| e.to_string())
+            complete_line(&dir2.path().join("after"))
         })
         .await;
         assert_eq!(before, after, "terminal restored after SIGTERM");
