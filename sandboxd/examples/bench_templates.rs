@@ -78,6 +78,7 @@ fn spec(name: &str, image: &Path, golden_dir: PathBuf) -> GuestSpec {
             image: Some(image.to_path_buf()),
             // The template's user, workdir and env, as sandboxd would pass them.
             meta: sandboxd::template::TemplateMeta::load(image).expect("the image's metadata"),
+            detach_ring_bytes: None,
         },
         size_config: SizeConfig {
             cpus: 1,

@@ -59,6 +59,7 @@ fn spec(image: &Path, golden_dir: PathBuf) -> GuestSpec {
             rootfs: image.join("rootfs"),
             image: Some(image.to_path_buf()),
             meta: Default::default(),
+            detach_ring_bytes: None,
         },
         size_config: SizeConfig {
             cpus: 1,

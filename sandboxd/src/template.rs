@@ -1,14 +1,22 @@
 //! A template's runtime metadata: the default user, working directory and environment
 //! its commands get, read from the image's `manifest.json` (`template` block, written by
 //! `cargo xtask image`) when the config loads, and rendered as silkd's flags for both
-//! engines (the process engine's command line, the qemu engine's kernel command line).
+//! engines (the process engine's command line, the qemu engine's kernel command line),
+//! together with the template's own config keys for silkd (`detach_ring_bytes`).
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use serde::Deserialize;
 
+use crate::config::TemplateConfig;
 use crate::error::{Error, Result};
+
+/// Smallest `detach_ring_bytes`: less could not hold one line of a terminal's output.
+pub const MIN_DETACH_RING: u64 = 1024;
+/// Largest `detach_ring_bytes`: silkd's own bound on `--detach-ring` (64 MiB; it keeps at
+/// most 64 detached commands, so rings stay within what a guest can hold).
+pub const MAX_DETACH_RING: u64 = 64 << 20;
 
 /// Larger manifests are refused unread: the real ones are a few KiB plus a package list.
 const MAX_MANIFEST: u64 = 16 << 20;
@@ -178,6 +186,35 @@ impl TemplateMeta {
     }
 }
 
+impl TemplateConfig {
+    /// All of silkd's flags for this template, for both engines: the image metadata's
+    /// ([`TemplateMeta::silkd_args`]) and the config's detach ring.
+    pub fn silkd_args(&self) -> Vec<String> {
+        let mut a = self.meta.silkd_args();
+        a.extend(detach_ring_args(self.detach_ring_bytes));
+        a
+    }
+
+    /// Checks the template's own silkd keys; the message names the template and the key.
+    pub fn check_silkd_keys(&self, name: &str) -> Result<()> {
+        match self.detach_ring_bytes {
+            Some(n) if !(MIN_DETACH_RING..=MAX_DETACH_RING).contains(&n) => {
+                Err(Error::Config(format!(
+                    "template {name:?}: detach_ring_bytes {n} must be {MIN_DETACH_RING} to \
+                     {MAX_DETACH_RING} (64 MiB)"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// `--detach-ring N` when a ring size is configured; nothing (silkd's default) otherwise,
+/// so goldens of configs without the key keep their stamps.
+pub fn detach_ring_args(bytes: Option<u64>) -> Vec<String> {
+    bytes.map_or_else(Vec::new, |n| vec!["--detach-ring".into(), n.to_string()])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -224,6 +261,26 @@ mod tests {
             TemplateMeta::load(dir.path()).unwrap(),
             TemplateMeta::default()
         );
+    }
+
+    #[test]
+    fn the_detach_ring_is_a_silkd_flag_within_bounds() {
+        let mut t = TemplateConfig {
+            rootfs: "/r".into(),
+            image: None,
+            meta: TemplateMeta::parse(DEFAULT.as_bytes()).unwrap(),
+            detach_ring_bytes: None,
+        };
+        assert_eq!(t.silkd_args(), t.meta.silkd_args());
+        t.check_silkd_keys("t").unwrap();
+        t.detach_ring_bytes = Some(4096);
+        assert_eq!(t.silkd_args()[8..], ["--detach-ring", "4096"]);
+        t.check_silkd_keys("t").unwrap();
+        for bad in [0, MIN_DETACH_RING - 1, MAX_DETACH_RING + 1, u64::MAX] {
+            t.detach_ring_bytes = Some(bad);
+            let e = t.check_silkd_keys("t").unwrap_err().to_string();
+            assert!(e.contains("template \"t\": detach_ring_bytes"), "{e}");
+        }
     }
 
     /// Bad JSON, missing or mistyped fields, NUL and newlines, relative paths and bad env

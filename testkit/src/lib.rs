@@ -29,6 +29,7 @@
 //! - [`silkd_files`]: the file verbs spoken to a real silkd, random contents, hostile tars.
 //! - [`trees`]: local trees with many files, modes and symlinks, compared exactly.
 //! - [`sdk`]: the SDK tests' daemon and what runs in a sandbox, asked through the SDK.
+//! - [`detach`]: detached commands through the SDK: the counter re-attached, a small ring.
 //! - [`vm`]: what the VM tests need from the host (QEMU, the guest image).
 //! - [`leftovers`]: counting a process-engine daemon's processes, sandbox dirs, sockets
 //!   and cgroups before and after an attack.
@@ -41,6 +42,7 @@
 pub mod bins;
 pub mod cgroup2;
 pub mod daemon;
+pub mod detach;
 pub mod files_http;
 pub mod files_stream;
 pub mod guard;

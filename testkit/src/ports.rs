@@ -1,6 +1,7 @@
 //! Port tunnels seen from a client: a one-shot HTTP/1.0 GET over any byte stream (a
-//! `connect_port` stream, a forwarded local port), and `sbx port-forward` running as a
-//! guarded child with the local address it printed.
+//! `connect_port` stream, a forwarded local port), a Python `http.server` started detached
+//! in a sandbox (a template with python3) and fetched through `connect_port`, and `sbx
+//! port-forward` running as a guarded child with the local address it printed.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -8,8 +9,52 @@ use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use sandbox_sdk::{Command, Error, Sandbox};
+
 use crate::guard::ChildGuard;
 use crate::wait::wait_until;
+
+/// The port [`serve_hello`]'s server listens on.
+pub const HELLO_PORT: u16 = 8000;
+
+/// Starts `python3 -m http.server` DETACHED (it outlives the request that started it and
+/// holds no connection) on 127.0.0.1:[`HELLO_PORT`] in the sandbox, serving a
+/// `/hello.txt` that holds `port-ok`; waits up to `within` until it answers through
+/// `connect_port`; returns its pid.
+pub async fn serve_hello(sandbox: &Sandbox, within: Duration) -> u32 {
+    let out = sandbox
+        .exec(&Command::new("sh").args([
+            "-c",
+            "mkdir -p /tmp/www && echo port-ok > /tmp/www/hello.txt",
+        ]))
+        .await
+        .unwrap();
+    assert!(out.exit.success(), "{out:?}");
+    let port = HELLO_PORT.to_string();
+    let server = Command::new("python3")
+        .args(["-m", "http.server", &port, "--bind", "127.0.0.1"])
+        .args(["--directory", "/tmp/www"])
+        .detach(true);
+    let pid = sandbox.spawn(&server).await.unwrap().pid();
+    let answer = wait_until(within, "the server to answer", async || {
+        get_hello(sandbox).await
+    })
+    .await;
+    assert_hello(&answer);
+    pid
+}
+
+/// `GET /hello.txt` through a fresh tunnel to [`HELLO_PORT`].
+pub async fn get_hello(sandbox: &Sandbox) -> Result<String, Error> {
+    let mut tunnel = sandbox.connect_port(HELLO_PORT).await?;
+    Ok(http_get(&mut tunnel, "/hello.txt").await)
+}
+
+/// Checks a [`get_hello`] answer: 200 and the file's bytes.
+pub fn assert_hello(answer: &str) {
+    assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
+    assert!(answer.ends_with("\r\n\r\nport-ok\n"), "{answer}");
+}
 
 /// Sends `GET path` (HTTP/1.0, so the server closes after answering), half-closes the
 /// write side, and reads the whole answer: head and body as text.

@@ -56,6 +56,8 @@ pub struct Setup {
     /// A built template image (`target/images/NAME`): the template is then `NAME`, given
     /// as `image = ...` (rootfs and metadata from the image), instead of `base`'s rootfs.
     pub image: Option<PathBuf>,
+    /// More `[templates.NAME]` lines, verbatim (e.g. `detach_ring_bytes = 4096`).
+    pub template_extra: String,
 }
 
 impl Default for Setup {
@@ -81,6 +83,7 @@ impl Default for Setup {
             on_stop: "destroy",
             rootfs: None,
             image: None,
+            template_extra: String::new(),
         }
     }
 }
@@ -124,6 +127,7 @@ on_stop = "{on_stop}"
 
 [templates.{template}]
 {source}
+{template_extra}
 
 [sizes.small]
 cpus = 1
@@ -150,6 +154,7 @@ warm_max = {warm_max}
                         .display()
                 ),
             },
+            template_extra = self.template_extra,
             disk_mib = self.disk_mib,
             on_stop = self.on_stop,
             max_claims = self.max_claims,

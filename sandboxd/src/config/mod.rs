@@ -150,6 +150,11 @@ pub struct TemplateConfig {
     /// `manifest.json` at load; empty without an image.
     #[serde(skip)]
     pub meta: crate::template::TemplateMeta,
+    /// Bytes of output silkd keeps per detached command of this template (its ring: the
+    /// oldest bytes are dropped and counted past it), passed as `--detach-ring` on both
+    /// engines; silkd's default (1 MiB) when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detach_ring_bytes: Option<u64>,
 }
 
 /// One `[sizes.NAME]` entry.

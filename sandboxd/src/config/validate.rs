@@ -61,6 +61,7 @@ impl Config {
             }
         }
         for (name, t) in &self.templates {
+            t.check_silkd_keys(name)?;
             if self.engine == EngineKind::Qemu {
                 let Some(image) = &t.image else {
                     return bad(format!(

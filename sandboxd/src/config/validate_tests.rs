@@ -116,3 +116,35 @@ fn uid_block_must_fit_the_range_and_the_template_user() {
         65_536
     );
 }
+
+/// `[templates.NAME] detach_ring_bytes` is bounded on either engine, the error naming the
+/// template, the key and the range; within bounds it reaches silkd's flags.
+#[test]
+fn detach_ring_bytes_is_bounded() {
+    let img = image(true);
+    let size = "memory_mib = 256\ndisk_mib = 64";
+    for engine in ["process", "qemu"] {
+        let with = |ring: &str| {
+            let text = config_text(engine, img.path(), size, "").replace(
+                "[sizes.small]",
+                &format!("detach_ring_bytes = {ring}\n[sizes.small]"),
+            );
+            Config::parse(&text)
+        };
+        for bad in ["0", "1023", "67108865", "-1", "\"1MiB\""] {
+            let err = with(bad).unwrap_err().to_string();
+            assert!(err.contains("detach_ring_bytes"), "{engine} {bad}: {err}");
+        }
+        let err = with("0").unwrap_err().to_string();
+        assert!(
+            err.contains("template \"t\"") && err.contains("1024 to 67108864"),
+            "{err}"
+        );
+        let c = with("65536").unwrap();
+        let args = c.templates["t"].silkd_args();
+        assert!(
+            args.ends_with(&["--detach-ring".into(), "65536".into()]),
+            "{args:?}"
+        );
+    }
+}

@@ -95,6 +95,8 @@ pub struct Inputs<'a> {
     pub cgroup2: Option<&'a Path>,
     /// The template's user, workdir and env.
     pub meta: &'a TemplateMeta,
+    /// The template's `detach_ring_bytes` (silkd's `--detach-ring`).
+    pub detach_ring: Option<u64>,
     /// Whether sandboxd runs as root (without a user namespace of its own, silkd can
     /// then still switch to the template's user).
     pub root: bool,
@@ -338,6 +340,7 @@ impl Plan {
         if inp.meta.workdir.is_none() {
             flags.extend(["--workdir".to_string(), workdir.to_string()]);
         }
+        flags.extend(crate::template::detach_ring_args(inp.detach_ring));
         // silkd (root in the namespace) seeds and bwrap makes these as root: the
         // template's user gets its home, and a workdir elsewhere in the writable tree.
         if stage.is_some() && inp.meta.user.as_ref().is_some_and(|u| u.uid != 0) {

@@ -199,6 +199,7 @@ impl ProcessEngine {
             seccomp: self.seccomp.is_some(),
             cgroup2: cgroup2.as_deref(),
             meta: &spec.template_config.meta,
+            detach_ring: spec.template_config.detach_ring_bytes,
             // SAFETY: geteuid has no failure mode and no side effect.
             root: unsafe { libc::geteuid() } == 0,
         })
@@ -371,8 +372,9 @@ impl Engine for ProcessEngine {
             self.silkd.binary.display(),
             meta.len(),
             spec.template_config.rootfs.display(),
-            // The template's user, workdir and env decide how the warmup runs.
-            spec.template_config.meta.silkd_args()
+            // The template's user, workdir and env decide how the warmup runs (and its
+            // ring size is part of the template's silkd).
+            spec.template_config.silkd_args()
         ))
     }
 

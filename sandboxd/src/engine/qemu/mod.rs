@@ -251,7 +251,7 @@ impl QemuEngine {
             balloon: !spec.no_balloon,
             files,
             disk,
-            silkd_args: spec.template_config.meta.silkd_args(),
+            silkd_args: spec.template_config.silkd_args(),
         })
     }
 
@@ -468,7 +468,7 @@ struct Boot<'f> {
     files: Option<(&'f File, &'f File)>,
     /// The template's root disk and the writable layer's size in MiB.
     disk: Option<(PathBuf, u64)>,
-    /// silkd's flags from the template (default user, workdir, env).
+    /// silkd's flags from the template (default user, workdir, env, detach ring).
     silkd_args: Vec<String>,
 }
 
@@ -581,7 +581,8 @@ impl Engine for QemuEngine {
         // state does not depend on it for TCG ↔ TCG; `accel_choice` covers operator changes.
         // With a root disk the writable layer's size is in the snapshot (a mounted tmpfs),
         // so it keys the golden too; the disk's content is in `image_digest`.
-        // silkd's template flags are parsed once, by the golden's silkd: clones inherit them.
+        // silkd's template flags (the detach ring's size among them) are parsed once, by
+        // the golden's silkd: clones inherit them, so they key the golden.
         // How the disk is attached changes the device set, so it keys the golden too.
         let disk = boot.disk.map_or(String::new(), |(_, mib)| {
             format!(" disk_mib={mib} template_disk={:?}", self.template_disk)
