@@ -1,21 +1,21 @@
-//! Ports: a Python `http.server` running in a `default`-template sandbox answers through
-//! the SDK's `connect_port` and through `sbx port-forward`; and the route's refusals:
-//! nothing listening (502), bad ports (400), no `Upgrade: tcp` (426), another sandbox's
-//! token (404), connections past the relay cap (429, the sandbox keeps serving); after
-//! them the host's leftovers (processes, sandbox dirs, sockets, cgroups) are counted back
-//! to what they were before.
+//! Ports: a Python `http.server` started detached in a `default`-template sandbox answers
+//! through the SDK's `connect_port` and through `sbx port-forward`; and the route's
+//! refusals: nothing listening (502), bad ports (400), no `Upgrade: tcp` (426), another
+//! sandbox's token (404), connections past the relay cap (429, the sandbox keeps serving);
+//! after them the host's leftovers (processes, sandbox dirs, sockets, cgroups) are counted
+//! back to what they were before.
 
 use std::time::Duration;
 
-use sandbox_sdk::{ClaimOptions, Command, Error, PortStream, Sandbox};
+use sandbox_sdk::{ClaimOptions, Error};
 use testkit::images::template_image;
 use testkit::leftovers::Census;
-use testkit::ports::{http_get, port_forward};
+use testkit::ports::{assert_hello, get_hello, http_get, port_forward, serve_hello};
 use testkit::relay::upgrade_to;
 use testkit::setup::uid_range;
 use testkit::{bounded, wait_until, Setup, ROOT};
 
-/// Relays one sandbox may hold: the server's own process stream plus three tunnels.
+/// Relays one sandbox may hold: four tunnels (the detached server holds none).
 const RELAY_CAP: usize = 4;
 
 fn setup() -> Setup {
@@ -27,51 +27,14 @@ fn setup() -> Setup {
     }
 }
 
-/// `GET /hello.txt` through a fresh tunnel to port 8000.
-async fn get_hello(sandbox: &Sandbox) -> Result<String, Error> {
-    let mut tunnel: PortStream = sandbox.connect_port(8000).await?;
-    Ok(http_get(&mut tunnel, "/hello.txt").await)
-}
-
-fn assert_hello(answer: &str) {
-    assert!(answer.starts_with("HTTP/1.0 200"), "{answer}");
-    assert!(answer.ends_with("\r\n\r\nport-ok\n"), "{answer}");
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn a_server_in_the_sandbox_answers_through_connect_port_and_port_forward() {
     let d = testkit::sdk::start_tcp(setup()).await;
     bounded(async {
         let root = d.root();
         let sandbox = root.claim(ClaimOptions::new()).await.unwrap();
-        let out = sandbox
-            .exec(&Command::new("sh").args([
-                "-c",
-                "mkdir -p /tmp/www && echo port-ok > /tmp/www/hello.txt",
-            ]))
-            .await
-            .unwrap();
-        assert!(out.exit.success(), "{out:?}");
-        // The server runs as long as this process handle lives (one relay slot).
-        let _server = sandbox
-            .spawn(&Command::new("python3").args([
-                "-m",
-                "http.server",
-                "8000",
-                "--bind",
-                "127.0.0.1",
-                "--directory",
-                "/tmp/www",
-            ]))
-            .await
-            .unwrap();
-        let answer = wait_until(
-            Duration::from_secs(30),
-            "the server to answer",
-            async || get_hello(&sandbox).await,
-        )
-        .await;
-        assert_hello(&answer);
+        // Detached: the server holds no connection and outlives the request.
+        serve_hello(&sandbox, Duration::from_secs(30)).await;
 
         // sbx port-forward: two connections one after the other on the local port.
         let dir = tempfile::tempdir().unwrap();
@@ -118,7 +81,7 @@ async fn a_server_in_the_sandbox_answers_through_connect_port_and_port_forward()
 
         // Past the relay cap: 429, and the tunnels already open keep working.
         let mut held = Vec::new();
-        for _ in 1..RELAY_CAP {
+        for _ in 0..RELAY_CAP {
             held.push(sandbox.connect_port(8000).await.unwrap());
         }
         let (status, ..) = upgrade_to(addr, &path("8000"), token, Some("tcp")).await;
@@ -137,7 +100,7 @@ async fn a_server_in_the_sandbox_answers_through_connect_port_and_port_forward()
             "relay slots to be freed",
             async || {
                 let mut opened = Vec::new();
-                for _ in 1..RELAY_CAP {
+                for _ in 0..RELAY_CAP {
                     opened.push(sandbox.connect_port(8000).await?);
                 }
                 Ok::<_, Error>(opened)
