@@ -152,6 +152,17 @@ pub struct ExecResponse {
     /// Stderr as standard base64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub stderr_b64: Option<String>,
+    /// On a 504: the command ran past `timeout_seconds` and was killed; the streams hold
+    /// what it wrote until then. Absent (false) on a 200.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timed_out: bool,
+    /// On a 413: the command wrote more than the node's output cap and was killed; the
+    /// streams hold its first bytes, at most the cap in all. Absent (false) on a 200.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+    /// On a 504 or 413, what happened, for humans (the field every error answer has).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// One pool's warm target, as `PUT /v1/pools` takes it.

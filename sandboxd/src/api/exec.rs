@@ -11,7 +11,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper::header::{HeaderValue, CONTENT_TYPE};
-use hyper::{Request, Response};
+use hyper::{Request, Response, StatusCode};
 use tokio::sync::mpsc;
 
 use super::{read_json, sandbox_for, status_of, Body};
@@ -41,15 +41,20 @@ pub(super) async fn exec(
     let outcome = exec::spawn(node.execs.clone(), admitted, sandbox, body)
         .await
         .unwrap_or_else(|_| Err(Error::Guest("the exec task ended without an answer".into())));
+    // A command the node cut short (timeout, output cap) is answered with its error's
+    // status and, unlike other errors, with the output it wrote until then.
     let status = match &outcome {
-        Ok(_) => 200,
-        Err(e) => status_of(e).as_u16(),
+        Ok(finished) => finished.cut.as_ref().map_or(StatusCode::OK, status_of),
+        Err(e) => status_of(e),
     };
     node.metrics
         .execs
-        .get_or_create(&StatusLabel { status })
+        .get_or_create(&StatusLabel {
+            status: status.as_u16(),
+        })
         .inc();
     let mut resp = Response::new(encode_body(outcome?, encoding).boxed());
+    *resp.status_mut() = status;
     resp.headers_mut()
         .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
     Ok(resp)
@@ -99,10 +104,19 @@ async fn write_body(
             .await
             .map_err(|_| Error::ClientGone("the client stopped reading the exec body"))
     };
-    let mut head = match finished.exit_code {
-        Some(code) => format!("{{\"exit_code\":{code}"),
-        None => "{\"exit_code\":null".to_string(),
-    };
+    let mut head = "{".to_string();
+    if let Some(cut) = &finished.cut {
+        let flag = match cut {
+            Error::Timeout { .. } => "timed_out",
+            _ => "truncated",
+        };
+        let message = serde_json::to_string(&cut.to_string()).expect("a string serializes");
+        head.push_str(&format!("\"error\":{message},\"{flag}\":true,"));
+    }
+    match finished.exit_code {
+        Some(code) => head.push_str(&format!("\"exit_code\":{code}")),
+        None => head.push_str("\"exit_code\":null"),
+    }
     if let Some(signal) = finished.signal {
         head.push_str(&format!(",\"signal\":{signal}"));
     }
@@ -226,6 +240,7 @@ mod tests {
             signal: None,
             stdout: out,
             stderr: err,
+            cut: None,
         };
         let body = body_bytes(encode_body(finished, api::Encoding::Utf8)).await;
         let resp: api::ExecResponse = serde_json::from_slice(&body).unwrap();
@@ -253,6 +268,7 @@ mod tests {
                 signal: Some(9),
                 stdout: captured(&b, dir.path(), &[&data]).await,
                 stderr: captured(&b, dir.path(), &[]).await,
+                cut: None,
             };
             let body = body_bytes(encode_body(finished, api::Encoding::Base64)).await;
             let resp: api::ExecResponse = serde_json::from_slice(&body).unwrap();
@@ -263,6 +279,33 @@ mod tests {
                 .unwrap();
             assert_eq!(got, data, "len {len}");
             assert_eq!(resp.stderr_b64.as_deref(), Some(""));
+        }
+    }
+
+    #[tokio::test]
+    async fn a_cut_answer_carries_its_flag_error_and_output() {
+        let dir = tempfile::tempdir().unwrap();
+        let b = Arc::new(Budget::new(1 << 20, Arc::new(Metrics::new())));
+        for (cut, flag) in [
+            (Error::Timeout { seconds: 1.5 }, "timed_out"),
+            (Error::OutputTooLarge { limit: 5 }, "truncated"),
+        ] {
+            let message = cut.to_string();
+            let finished = Finished {
+                exit_code: None,
+                signal: Some(9),
+                stdout: captured(&b, dir.path(), &[b"tick \"1\"\n"]).await,
+                stderr: captured(&b, dir.path(), &[b"\xff"]).await,
+                cut: Some(cut),
+            };
+            let body = body_bytes(encode_body(finished, api::Encoding::Utf8)).await;
+            let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(value[flag], true, "{value}");
+            assert_eq!(value["error"], message.as_str());
+            let resp: api::ExecResponse = serde_json::from_slice(&body).unwrap();
+            assert_eq!((resp.exit_code, resp.signal), (None, Some(9)));
+            assert_eq!(resp.stdout.as_deref(), Some("tick \"1\"\n"));
+            assert_eq!(resp.stderr_b64.as_deref(), Some("/w=="));
         }
     }
 }

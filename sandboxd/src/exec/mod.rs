@@ -37,6 +37,10 @@ pub struct Finished {
     pub stdout: Captured,
     /// Its stderr.
     pub stderr: Captured,
+    /// Why the node cut the command short ([`Error::Timeout`] or
+    /// [`Error::OutputTooLarge`]): it was killed, and the streams hold what it wrote until
+    /// then. The answer still carries them, so a caller sees how far it got.
+    pub cut: Option<Error>,
 }
 
 /// Checks a request before admission: non-empty argv, no NUL byte anywhere the kernel
@@ -174,6 +178,7 @@ async fn run(
                     signal,
                     stdout,
                     stderr,
+                    cut: None,
                 })
             }
             Ok(Response::Error { kind, message }) => {
@@ -190,12 +195,19 @@ async fn run(
             Ok(other) => break GiveUp::Guest(Error::Guest(format!("unexpected frame {other:?}"))),
             Err(e) => break GiveUp::Guest(e),
         };
-        total += data.len() as u64;
-        if total > execs.max_output {
-            break GiveUp::TooLarge;
+        // Output past the cap is cut at the cap: the answer keeps the first bytes.
+        let mut data = data;
+        let room = execs.max_output - total;
+        let over = data.len() as u64 > room;
+        if over {
+            data.truncate(room as usize);
         }
+        total += data.len() as u64;
         if let Err(e) = out.push(data, &execs.metrics).await {
             break GiveUp::Guest(e);
+        }
+        if over {
+            break GiveUp::TooLarge;
         }
     };
     // Every give-up kills the command through a fresh stream, and answers only after.
@@ -203,15 +215,28 @@ async fn run(
         let _ = guest::kill(guest, pid).await;
     }
     drop(conn);
-    Err(match give_up {
+    let cut = match give_up {
         GiveUp::Timeout => Error::Timeout {
             seconds: req.timeout_seconds.unwrap_or_default(),
         },
         GiveUp::TooLarge => Error::OutputTooLarge {
             limit: execs.max_output,
         },
-        GiveUp::ClientGone => Error::ClientGone("the client hung up before the exec finished"),
-        GiveUp::Guest(e) => e,
+        GiveUp::ClientGone => {
+            return Err(Error::ClientGone(
+                "the client hung up before the exec finished",
+            ))
+        }
+        GiveUp::Guest(e) => return Err(e),
+    };
+    // Both give-ups kill with SIGKILL (`guest::kill`, silkd's own timer), so that is how
+    // the command ended.
+    Ok(Finished {
+        exit_code: None,
+        signal: Some(libc::SIGKILL),
+        stdout,
+        stderr,
+        cut: Some(cut),
     })
 }
 
