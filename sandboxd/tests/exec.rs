@@ -190,6 +190,13 @@ async fn output_cap_is_exact_and_kills() {
         .exec(&id, &token, json!({"argv": ["sh", "-c", script]}))
         .await;
     assert_eq!(r.status, 413, "{}", r.text());
+    // The answer keeps the first `cap` bytes (all of stdout), marked truncated.
+    let v = r.json();
+    assert_eq!(v["truncated"], true, "{v}");
+    assert_eq!(v["signal"], 9, "{v}");
+    assert!(v["error"].as_str().unwrap().contains("max_output_bytes"), "{v}");
+    assert_eq!(v["stdout"].as_str().unwrap().len() as u64, cap);
+    assert_eq!(v["stderr"], "");
     assert_gone(&m).await;
 
     // Escaping does not count: 60 KiB of 0x01 is 360 KiB of JSON and still fits.
@@ -215,10 +222,16 @@ async fn timeout_answers_504_and_kills() {
         .exec(
             &id,
             &token,
-            json!({"argv": ["sh", "-c", format!("sleep {m} & sleep {m}")], "timeout_seconds": 1}),
+            json!({"argv": ["sh", "-c", format!("echo before; printf '\\377' >&2; sleep {m} & sleep {m}")], "timeout_seconds": 1}),
         )
         .await;
     assert_eq!(r.status, 504, "{}", r.text());
+    // What it wrote before the timeout comes back, exact bytes included.
+    let v = r.json();
+    assert_eq!(v["timed_out"], true, "{v}");
+    assert_eq!(v["stdout"], "before\n", "{v}");
+    assert_eq!(v["stderr_b64"], "/w==", "{v}");
+    assert!(v["error"].as_str().unwrap().contains("timed out"), "{v}");
     assert!(started.elapsed() < Duration::from_secs(4));
     assert_gone(&m).await;
     d.stop().await;
