@@ -1,12 +1,13 @@
 //! [`Client`]: one node's URL, a caller token and a pooled connection; claims sandboxes and
 //! answers the node-wide routes. Per-sandbox calls live on [`Sandbox`].
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::{Method, StatusCode};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::sandbox::Sandbox;
 use crate::transport::{Answer, Endpoint, Http};
 
@@ -148,6 +149,38 @@ impl Client {
             self.inner.busy_retries,
             claimed,
         ))
+    }
+
+    /// Claims a sandbox, runs `f` with it, and releases it however `f` ends: `Ok`, an early
+    /// `?` error (returned as is), or a panic (released from a task, then the panic goes
+    /// on). The release is waited for; its own failure is returned only when `f`
+    /// succeeded. `f`'s error type is the caller's, as long as the SDK's converts into it.
+    ///
+    /// ```no_run
+    /// # async fn run(client: sandbox_sdk::Client) -> Result<(), sandbox_sdk::Error> {
+    /// use sandbox_sdk::{ClaimOptions, Command};
+    /// let text = client
+    ///     .with_sandbox(ClaimOptions::new(), |sb| async move {
+    ///         let out = sb.exec(&Command::shell("uname -r")).await?.check()?;
+    ///         Ok::<_, sandbox_sdk::Error>(out.stdout_text().into_owned())
+    ///     })
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn with_sandbox<T, E, F, Fut>(&self, opts: ClaimOptions, f: F) -> Result<T, E>
+    where
+        F: FnOnce(Sandbox) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        E: From<Error>,
+    {
+        // The guard covers a panic in `f`; on every other way out it is released here.
+        let guard = self.claim(opts).await?.release_on_drop();
+        let outcome = f(Sandbox::clone(&guard)).await;
+        let released = guard.release().await;
+        let value = outcome?;
+        released?;
+        Ok(value)
     }
 
     /// A handle on an existing sandbox, authenticating with this client's token (root

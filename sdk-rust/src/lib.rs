@@ -6,8 +6,10 @@
 //! Modules in dependency order: each uses only modules above it, never one below
 //! (`tests::modules_form_a_dag` checks it).
 //!
-//! 1. `error.rs`: [`Error`], one enum; HTTP statuses and guest errors map to variants.
-//! 2. `command.rs`: [`Command`], [`ExitStatus`], [`Output`]: what to run and how it ended.
+//! 1. `command.rs`: [`Command`], [`ExitStatus`], [`Signal`], [`Output`]: what to run and
+//!    how it ended.
+//! 2. `error.rs`: [`Error`], one enum; HTTP statuses and guest errors map to variants
+//!    (the cut-short ones carry the partial [`Output`]).
 //! 3. `transport.rs`: HTTP/1 over TCP or Unix sockets, one pooled connection, busy
 //!    retries, the `Upgrade: silkd` handshake.
 //! 4. `relay.rs`: `wire` frames over an upgraded connection; one-answer RPCs.
@@ -22,7 +24,10 @@
 //!    streamed, stat, list, mkdir, remove, rename, directories, [`Watch`].
 //! 9. `port.rs`: [`PortStream`], a TCP connection to a port inside the sandbox, and
 //!    [`Sandbox::connect_port`] that opens it.
-//! 10. `client.rs`: [`Client`], a node's URL and caller token; claim, list, info. It makes
+//! 10. `lines.rs`: output as text lines: [`Lines`] over an [`OutputStream`], and
+//!     [`Sandbox::exec_lines`] (a closure sees each line, the whole [`Output`] comes back).
+//! 11. `client.rs`: [`Client`], a node's URL and caller token; claim (and
+//!     [`Client::with_sandbox`], released however it ends), list, info. It makes
 //!     [`Sandbox`] handles that share its connection pool.
 //!
 //! HTTP bodies come from the `api` crate that sandboxd uses too; relay frames from `wire`.
@@ -50,29 +55,37 @@ mod client;
 mod command;
 mod error;
 mod files;
+mod lines;
 mod port;
 mod process;
 mod relay;
 mod sandbox;
 mod transport;
 
-pub use api::{InfoResponse, SandboxState, SandboxSummary};
+// Every type a public signature names is reachable from here, so callers need not
+// depend on `api`, `wire` or `bytes` themselves.
+pub use api::{
+    ClaimsInfo, EngineInfo, GoldenInfo, InfoResponse, LimitsInfo, PoolInfo, SandboxState,
+    SandboxSummary,
+};
+pub use bytes::Bytes;
 pub use client::{ClaimOptions, Client, DEFAULT_BUSY_RETRIES, DEFAULT_URL};
-pub use command::{Command, ExitStatus, Output};
+pub use command::{Command, ExitStatus, Output, Signal};
 pub use error::{Error, Result, TransportError};
 pub use files::{Files, Watch};
+pub use lines::{Line, Lines};
 pub use port::PortStream;
 pub use process::{Event, OutputStream, Process, ProcessStdin};
-pub use sandbox::Sandbox;
+pub use sandbox::{DeadlineDisplay, ReleaseOnDrop, Sandbox};
 pub use wire::files::{FileEntry, FileKind, FsEvent, FsEventKind};
 pub use wire::{ProcInfo, ProcState, Pty};
 
 #[cfg(test)]
 mod tests {
     /// The modules of `# Layout`, in order, with their source.
-    const LAYERS: [(&str, &str); 10] = [
-        ("error", include_str!("error.rs")),
+    const LAYERS: [(&str, &str); 11] = [
         ("command", include_str!("command.rs")),
+        ("error", include_str!("error.rs")),
         ("transport", include_str!("transport.rs")),
         ("relay", include_str!("relay.rs")),
         ("sandbox", include_str!("sandbox.rs")),
@@ -80,6 +93,7 @@ mod tests {
         ("archive", include_str!("archive.rs")),
         ("files", include_str!("files.rs")),
         ("port", include_str!("port.rs")),
+        ("lines", include_str!("lines.rs")),
         ("client", include_str!("client.rs")),
     ];
 

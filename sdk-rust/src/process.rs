@@ -21,7 +21,7 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::PollSender;
 use wire::{Request, Response};
 
-use crate::command::{Command, ExitStatus, Output};
+use crate::command::{Command, ExitStatus, Output, Signal};
 use crate::error::{Error, Result};
 use crate::relay::Relay;
 use crate::sandbox::Sandbox;
@@ -208,7 +208,7 @@ impl Process {
     }
 
     /// Takes stdout as a byte stream of its own; `None` when already taken or when output
-    /// has started to be read another way.
+    /// has started to be read another way. [`OutputStream::lines`] reads it line by line.
     pub fn take_stdout(&mut self) -> Option<OutputStream> {
         self.pump.take(|state| &mut state.stdout)
     }
@@ -263,7 +263,7 @@ impl Process {
         }
         self.kill().await?;
         match tokio::time::timeout(KILL_BOUND, self.wait()).await {
-            Ok(_) => Err(Error::Timeout),
+            Ok(_) => Err(Error::Timeout { partial: None }),
             Err(_) => Err(Error::Guest(format!(
                 "pid {} was still running {}s after SIGKILL",
                 self.pid,
@@ -313,12 +313,12 @@ impl Process {
     /// Kills the command's whole process group with SIGKILL (on a fresh relay
     /// connection). Killing a command that already ended is not an error.
     pub async fn kill(&self) -> Result<()> {
-        self.kill_with(libc::SIGKILL).await
+        self.kill_with(Signal::Kill).await
     }
 
-    /// Sends `signal` (e.g. `libc::SIGTERM`) to the command's whole process group.
-    pub async fn kill_with(&self, signal: i32) -> Result<()> {
-        self.sandbox.kill(self.pid, Some(signal)).await
+    /// Sends `signal` ([`Signal::Term`], or a number) to the command's whole process group.
+    pub async fn kill_with(&self, signal: impl Into<i32>) -> Result<()> {
+        self.sandbox.kill(self.pid, Some(signal.into())).await
     }
 
     fn ended(&self) -> bool {
@@ -418,7 +418,7 @@ async fn pump(mut state: PumpState, shared: Arc<Pump>) {
             Some(Ok(Response::Stderr { data })) => (&mut state.stderr, Event::Stderr(data.into())),
             Some(Ok(Response::Exit {
                 timed_out: true, ..
-            })) => break Err(Error::Timeout),
+            })) => break Err(Error::Timeout { partial: None }),
             Some(Ok(Response::Exit { code, signal, .. })) => {
                 break ExitStatus::from_parts(code, signal)
                     .map(Event::Exit)
@@ -469,6 +469,14 @@ pub struct OutputStream {
     rx: mpsc::Receiver<Bytes>,
     buf: Bytes,
     pump: Arc<Pump>,
+}
+
+impl OutputStream {
+    /// The next chunk of bytes as it arrived; `None` at the end. (The same as
+    /// `StreamExt::next`, without importing `futures`.)
+    pub async fn next_chunk(&mut self) -> Option<Bytes> {
+        futures::future::poll_fn(|cx| Pin::new(&mut *self).poll_next(cx)).await
+    }
 }
 
 impl Stream for OutputStream {

@@ -1,15 +1,18 @@
 //! [`Sandbox`]: one claimed sandbox and the calls made with its token: buffered exec, wire
-//! RPCs over the relay (kill, ps), renew and release. [`Sandbox::spawn`] is defined in
-//! `process.rs`, beside the [`Process`](crate::Process) it returns, so that this module
-//! does not depend on it.
+//! RPCs over the relay (kill, ps), renew and release, and [`ReleaseOnDrop`].
+//! [`Sandbox::spawn`] is defined in `process.rs`, beside the [`Process`](crate::Process)
+//! it returns, so that this module does not depend on it.
 
+use std::fmt;
+use std::ops::Deref;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use base64::Engine as _;
 use hyper::{Method, StatusCode};
 use wire::{Request, Response};
 
-use crate::command::{Command, ExitStatus, Output};
+use crate::command::{Command, Output};
 use crate::error::{Error, Result};
 use crate::relay::{self, Relay};
 use crate::transport::{Answer, Http};
@@ -20,7 +23,11 @@ const MAX_REQUEST_BODY: usize = 1024 * 1024;
 /// One sandbox: its id, the token that acts on it, and its deadline when known.
 ///
 /// Dropping a `Sandbox` does not release it (the node does at its deadline): call
-/// [`release`](Sandbox::release) when done.
+/// [`release`](Sandbox::release) when done, claim it with
+/// [`Client::with_sandbox`](crate::Client::with_sandbox) (released however the closure
+/// ends), or hold it through [`release_on_drop`](Sandbox::release_on_drop).
+///
+/// Clones are handles on the same sandbox and share what is known of its deadline.
 #[derive(Clone)]
 pub struct Sandbox {
     /// The node's connection pool, shared with the [`Client`](crate::Client) it came from.
@@ -29,7 +36,9 @@ pub struct Sandbox {
     busy_retries: u32,
     id: String,
     token: Option<String>,
-    deadline: Option<u64>,
+    /// Unix seconds; 0 while unknown. Shared by clones, so a renew through one is seen by
+    /// all (and `renew` needs only `&self`).
+    deadline: Arc<AtomicU64>,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -37,7 +46,7 @@ impl std::fmt::Debug for Sandbox {
         // Never print the token.
         f.debug_struct("Sandbox")
             .field("id", &self.id)
-            .field("deadline", &self.deadline)
+            .field("deadline", &self.deadline_unix())
             .finish()
     }
 }
@@ -49,7 +58,7 @@ impl Sandbox {
             busy_retries,
             id: claim.id,
             token: Some(claim.token),
-            deadline: Some(claim.deadline),
+            deadline: Arc::new(AtomicU64::new(claim.deadline)),
         }
     }
 
@@ -64,7 +73,7 @@ impl Sandbox {
             busy_retries,
             id,
             token,
-            deadline: None,
+            deadline: Arc::new(AtomicU64::new(0)),
         }
     }
 
@@ -81,17 +90,23 @@ impl Sandbox {
     /// When the node will destroy the sandbox unless renewed; unknown for a handle made by
     /// [`Client::sandbox`](crate::Client::sandbox) until [`renew`](Sandbox::renew) is called.
     pub fn deadline(&self) -> Option<SystemTime> {
-        self.deadline.map(|s| UNIX_EPOCH + Duration::from_secs(s))
+        self.deadline_unix()
+            .map(|s| UNIX_EPOCH + Duration::from_secs(s))
     }
 
     /// The deadline as Unix seconds, as the API carries it.
     pub fn deadline_unix(&self) -> Option<u64> {
-        self.deadline
+        Some(self.deadline.load(Ordering::Acquire)).filter(|s| *s != 0)
+    }
+
+    /// The deadline for people: `in 9m 58s` (or `passed 3s ago`, `unknown`).
+    pub fn deadline_display(&self) -> DeadlineDisplay {
+        DeadlineDisplay(self.deadline())
     }
 
     /// Moves the deadline to `ttl` from now (rounded up to whole seconds, clamped by the
-    /// node); returns the granted deadline.
-    pub async fn renew(&mut self, ttl: Duration) -> Result<SystemTime> {
+    /// node); returns the granted deadline. Works on a shared handle: every clone sees it.
+    pub async fn renew(&self, ttl: Duration) -> Result<SystemTime> {
         let ttl_seconds = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
         let body = serde_json::to_vec(&api::RenewRequest { ttl_seconds })
             .expect("a renew body always serializes");
@@ -99,7 +114,7 @@ impl Sandbox {
             .call(Method::POST, "renew", Some(body))
             .await?
             .json(StatusCode::OK)?;
-        self.deadline = Some(renewed.deadline);
+        self.deadline.store(renewed.deadline, Ordering::Release);
         Ok(UNIX_EPOCH + Duration::from_secs(renewed.deadline))
     }
 
@@ -111,15 +126,26 @@ impl Sandbox {
             .await?
             .expect(StatusCode::NO_CONTENT)
         {
-            Err(Error::NotFound) => Ok(()),
+            Err(Error::NotFound { .. }) => Ok(()),
             other => other,
         }
     }
 
-    /// Runs a command to completion and returns its exit status and exact output.
+    /// This handle, released when the returned guard is dropped (on an early `?` return
+    /// or a panic too), in a task on the current tokio runtime: best effort, as a drop
+    /// cannot wait (a runtime shutting down may not run it). Prefer
+    /// [`ReleaseOnDrop::release`], or [`Client::with_sandbox`](crate::Client::with_sandbox),
+    /// which wait for the release and report its error.
+    pub fn release_on_drop(self) -> ReleaseOnDrop {
+        ReleaseOnDrop(Some(self))
+    }
+
+    /// Runs a command to completion and returns its exit status and exact output. A
+    /// non-zero exit is `Ok` (see [`Output::check`]).
     ///
     /// Output over the node's cap fails with [`Error::OutputTooLarge`], a timeout with
-    /// [`Error::Timeout`]; in both cases the command was killed. A busy node (503) is
+    /// [`Error::Timeout`]; in both cases the command was killed, and the error carries what
+    /// it wrote until then ([`Error::partial_output`]). A busy node (503) is
     /// retried as [`Client::with_busy_retries`](crate::Client::with_busy_retries) says, then fails with [`Error::Busy`].
     pub async fn exec(&self, cmd: &Command) -> Result<Output> {
         if cmd.is_detached() {
@@ -169,10 +195,11 @@ impl Sandbox {
     }
 
     /// Signals the process group of the command with this `pid` (SIGKILL when `signal` is
-    /// `None`). A command that already ended, or that the guest forgot, is not an error.
+    /// `None`; a number or a [`Signal`](crate::Signal): `Some(Signal::Term.into())`). A
+    /// command that already ended, or that the guest forgot, is not an error.
     pub async fn kill(&self, pid: u32, signal: Option<i32>) -> Result<()> {
         match self.rpc(Request::Kill { pid, signal }).await {
-            Ok(Response::Done) | Err(Error::NotFound) => Ok(()),
+            Ok(Response::Done) | Err(Error::NotFound { .. }) => Ok(()),
             Ok(other) => Err(Error::Protocol(format!("expected done, got {other:?}"))),
             Err(e) => Err(e),
         }
@@ -206,34 +233,107 @@ impl Sandbox {
 
 /// Turns the exec answer into exact bytes, whichever of the plain or `_b64` fields came.
 fn decode_output(answer: api::ExecResponse) -> Result<Output> {
-    let exit = ExitStatus::from_parts(answer.exit_code, answer.signal)
-        .ok_or_else(|| Error::Protocol("exec answer has neither exit_code nor signal".into()))?;
-    Ok(Output {
-        exit,
-        stdout: stream_bytes("stdout", answer.stdout, answer.stdout_b64)?,
-        stderr: stream_bytes("stderr", answer.stderr, answer.stderr_b64)?,
-    })
+    Output::from_answer(answer).map_err(Error::Protocol)
 }
 
-fn stream_bytes(name: &str, text: Option<String>, b64: Option<String>) -> Result<Vec<u8>> {
-    match (text, b64) {
-        (Some(text), None) => Ok(text.into_bytes()),
-        (None, Some(b64)) => base64::engine::general_purpose::STANDARD
-            .decode(b64)
-            .map_err(|e| Error::Protocol(format!("{name}_b64 is not base64: {e}"))),
-        (None, None) => Ok(Vec::new()),
-        (Some(_), Some(_)) => Err(Error::Protocol(format!(
-            "exec answer has both {name} and {name}_b64"
-        ))),
+/// A [`Sandbox`] that is released when dropped; from [`Sandbox::release_on_drop`]. Derefs
+/// to the sandbox.
+#[derive(Debug)]
+pub struct ReleaseOnDrop(Option<Sandbox>);
+
+impl ReleaseOnDrop {
+    /// Releases now and waits for the answer (nothing is left for the drop to do).
+    pub async fn release(mut self) -> Result<()> {
+        let sandbox = self.0.take().expect("held until release or drop");
+        sandbox.release().await
+    }
+
+    /// Gives the sandbox back to the caller without releasing it.
+    pub fn keep(mut self) -> Sandbox {
+        self.0.take().expect("held until release or drop")
+    }
+}
+
+impl Deref for ReleaseOnDrop {
+    type Target = Sandbox;
+
+    fn deref(&self) -> &Sandbox {
+        self.0.as_ref().expect("held until release or drop")
+    }
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        let Some(sandbox) = self.0.take() else {
+            return;
+        };
+        // Outside a runtime nothing can be spawned; the node's deadline still ends it.
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = sandbox.release().await;
+            });
+        }
+    }
+}
+
+/// How [`Sandbox::deadline_display`] shows a deadline: `in 9m 58s`, `passed 3s ago`, or
+/// `unknown` (a handle from [`Client::sandbox`](crate::Client::sandbox) before a renew).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeadlineDisplay(Option<SystemTime>);
+
+impl fmt::Display for DeadlineDisplay {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let Some(at) = self.0 else {
+            return f.write_str("unknown");
+        };
+        match at.duration_since(SystemTime::now()) {
+            Ok(left) => write!(f, "in {}", Span(left)),
+            Err(past) => write!(f, "passed {} ago", Span(past.duration())),
+        }
+    }
+}
+
+/// A duration in whole seconds, as `1h 2m 3s` (largest units first, zeros left out).
+struct Span(Duration);
+
+impl fmt::Display for Span {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let secs = self.0.as_secs();
+        let (h, m, s) = (secs / 3600, secs / 60 % 60, secs % 60);
+        let mut parts = Vec::new();
+        if h > 0 {
+            parts.push(format!("{h}h"));
+        }
+        if m > 0 {
+            parts.push(format!("{m}m"));
+        }
+        if s > 0 || parts.is_empty() {
+            parts.push(format!("{s}s"));
+        }
+        f.write_str(&parts.join(" "))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::command::ExitStatus;
 
     fn answer(json: &str) -> Result<Output> {
         decode_output(serde_json::from_str(json).unwrap())
+    }
+
+    #[test]
+    fn deadlines_display_readably() {
+        assert_eq!(Span(Duration::from_secs(0)).to_string(), "0s");
+        assert_eq!(Span(Duration::from_secs(598)).to_string(), "9m 58s");
+        assert_eq!(Span(Duration::from_secs(3600)).to_string(), "1h");
+        assert_eq!(Span(Duration::from_secs(3723)).to_string(), "1h 2m 3s");
+        assert_eq!(DeadlineDisplay(None).to_string(), "unknown");
+        let later = SystemTime::now() + Duration::from_secs(3600);
+        assert!(DeadlineDisplay(Some(later)).to_string().starts_with("in 59m"));
+        let earlier = SystemTime::now() - Duration::from_secs(7);
+        assert!(DeadlineDisplay(Some(earlier)).to_string().starts_with("passed "));
     }
 
     #[test]

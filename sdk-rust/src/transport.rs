@@ -68,9 +68,16 @@ impl Endpoint {
         if authority.is_empty() || authority.contains('/') {
             return Err(bad("expected http://host:port with no path"));
         }
-        authority
+        let parsed = authority
             .parse::<hyper::http::uri::Authority>()
             .map_err(|e| bad(&e.to_string()))?;
+        // Without a port the connect would fail later with an unhelpful address error;
+        // guessing 80 or 7777 would reach the wrong server behind a proxy. Say so now.
+        if parsed.port().is_none() {
+            return Err(bad(
+                "no port; sandboxd listens on 7777 by default (http://host:7777)",
+            ));
+        }
         Ok(Endpoint::Tcp(authority.to_string()))
     }
 
@@ -177,6 +184,8 @@ pub(crate) struct Answer {
     pub(crate) status: StatusCode,
     pub(crate) headers: hyper::HeaderMap,
     pub(crate) body: Bytes,
+    /// The request's path, for errors that name what they refer to.
+    pub(crate) path: String,
 }
 
 impl Answer {
@@ -197,7 +206,12 @@ impl Answer {
                 message: format!("expected {expected}"),
             })
         } else {
-            Err(Error::from_response(self.status, &self.headers, &self.body))
+            Err(Error::from_response(
+                self.status,
+                &self.headers,
+                &self.body,
+                &self.path,
+            ))
         }
     }
 }
@@ -248,6 +262,7 @@ impl Http {
             status: parts.status,
             headers: parts.headers,
             body,
+            path: path.to_string(),
         })
     }
 
@@ -291,7 +306,7 @@ impl Http {
         headers.insert(UPGRADE, HeaderValue::from_static(protocol));
         let resp = self.client.request(req).await.map_err(Error::transport)?;
         if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-            return Err(refusal(resp, StatusCode::SWITCHING_PROTOCOLS).await);
+            return Err(refusal(resp, StatusCode::SWITCHING_PROTOCOLS, path).await);
         }
         hyper::upgrade::on(resp).await.map_err(Error::transport)
     }
@@ -309,7 +324,7 @@ impl Http {
         let req = self.request(method, path, token)?;
         let resp = self.client.request(req).await.map_err(Error::transport)?;
         if resp.status() != expected {
-            return Err(refusal(resp, expected).await);
+            return Err(refusal(resp, expected, path).await);
         }
         Ok(resp)
     }
@@ -337,7 +352,7 @@ impl Http {
 }
 
 /// The error an answer other than `expected` stands for; reads at most 64 KiB of its body.
-async fn refusal(resp: Response<Incoming>, expected: StatusCode) -> Error {
+async fn refusal(resp: Response<Incoming>, expected: StatusCode, path: &str) -> Error {
     let (parts, body) = resp.into_parts();
     let body = Limited::new(body, 64 * 1024)
         .collect()
@@ -348,6 +363,7 @@ async fn refusal(resp: Response<Incoming>, expected: StatusCode) -> Error {
         status: parts.status,
         headers: parts.headers,
         body,
+        path: path.to_string(),
     };
     answer
         .expect(expected)
@@ -391,12 +407,17 @@ mod tests {
             "unix:",
             "",
             "http://",
+            "http://localhost",
+            "sandbox.example:",
+            "[::1]",
         ] {
             assert!(
                 matches!(Endpoint::parse(url), Err(Error::InvalidUrl(_))),
                 "{url:?} was accepted"
             );
         }
+        let e = Endpoint::parse("http://localhost/").unwrap_err().to_string();
+        assert!(e.contains("no port") && e.contains("7777"), "{e}");
     }
 
     /// A server on 127.0.0.1:0 answering every request with 200 and an empty JSON body,
