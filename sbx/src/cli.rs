@@ -152,6 +152,11 @@ pub struct RunArgs {
     /// Run it under a pseudo-terminal sized like ours (our terminal goes raw meanwhile).
     #[arg(long, short = 't')]
     pub tty: bool,
+    /// Never read our stdin (the command's is empty), as `ssh -n`: for `sbx exec` inside
+    /// a `while read` loop, which would otherwise hand the loop's input to the command.
+    /// Without it, stdin is forwarded whenever it is not a terminal.
+    #[arg(long = "no-stdin", short = 'n')]
+    pub no_stdin: bool,
     /// Start it detached and print its pid: it keeps running after sbx exits; follow it
     /// with `sbx attach`, end it with a kill.
     #[arg(long, short = 'd')]
@@ -206,6 +211,12 @@ mod tests {
         assert_eq!(id, "sb-1");
         assert_eq!(run.argv, ["sh", "-c", "exit 7"]);
         assert_eq!(run.env, [("K".to_string(), "V".to_string())]);
+        assert!(!run.no_stdin);
+        let cli = Cli::try_parse_from(["sbx", "exec", "-n", "sb-1", "--", "true"]).unwrap();
+        let Cmd::Exec { run, .. } = cli.command else {
+            panic!("not exec")
+        };
+        assert!(run.no_stdin);
         // The argv is required, after `--`.
         assert!(Cli::try_parse_from(["sbx", "run"]).is_err());
         assert!(Cli::try_parse_from(["sbx", "run", "--ttl", "5", "--", "true"]).is_ok());

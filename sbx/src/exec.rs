@@ -37,14 +37,27 @@ pub(crate) fn finish(result: Result<ExitStatus, Stop>) -> u8 {
         // Codes outside 0..=255 cannot be an exit status; a shell would truncate them.
         Ok(status) => (status.shell_code() & 0xff) as u8,
         Err(Stop::Signal(sig)) => (128 + sig) as u8,
-        Err(Stop::Failed(Error::Timeout)) => {
-            eprintln!("sbx: {}", Error::Timeout);
+        Err(Stop::Failed(e @ Error::Timeout { .. })) => {
+            print_partial(&e);
+            eprintln!("sbx: {e}");
             EXIT_TIMEOUT
         }
         Err(Stop::Failed(e)) => {
+            print_partial(&e);
             eprintln!("sbx: {e}");
             EXIT_SBX_FAILED
         }
+    }
+}
+
+/// The output an error carries (a command cut short that was not streamed to us as it
+/// ran), written where the command would have written it.
+fn print_partial(e: &Error) {
+    use std::io::Write;
+    if let Some(out) = e.partial_output() {
+        let _ = std::io::stdout().write_all(&out.stdout);
+        let _ = std::io::stdout().flush();
+        let _ = std::io::stderr().write_all(&out.stderr);
     }
 }
 
@@ -146,7 +159,8 @@ async fn stream(
     args: RunArgs,
     interrupts: &Interrupts,
 ) -> Result<ExitStatus, Stop> {
-    let forward_stdin = !args.tty && !std::io::stdin().is_terminal();
+    // The stdin rule (docs/sdk.md): forwarded when it is not a terminal, unless `-n`.
+    let forward_stdin = !args.tty && !args.no_stdin && !std::io::stdin().is_terminal();
     let mut cmd = Command::from_argv(args.argv)
         .envs(args.env)
         .stdin(forward_stdin);
@@ -268,7 +282,11 @@ mod tests {
         assert_eq!(finish(Ok(ExitStatus::Code(256 + 3))), 3);
         assert_eq!(finish(Ok(ExitStatus::Signal(9))), 137);
         assert_eq!(finish(Err(Stop::Signal(libc::SIGINT))), 130);
-        assert_eq!(finish(Err(Stop::Failed(Error::Timeout))), EXIT_TIMEOUT);
-        assert_eq!(finish(Err(Stop::Failed(Error::NotFound))), EXIT_SBX_FAILED);
+        let timeout = Error::Timeout { partial: None };
+        assert_eq!(finish(Err(Stop::Failed(timeout))), EXIT_TIMEOUT);
+        let gone = Error::NotFound {
+            what: "sandbox sb-1 not found (released or expired)".into(),
+        };
+        assert_eq!(finish(Err(Stop::Failed(gone))), EXIT_SBX_FAILED);
     }
 }

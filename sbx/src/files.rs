@@ -52,7 +52,7 @@ pub async fn cp_cmd(
             }
             let to = match files.stat(&to).await {
                 Ok(e) if e.kind == FileKind::Dir => join_remote(&to, &from)?,
-                Ok(_) | Err(Error::NotFound) => to,
+                Ok(_) | Err(Error::NotFound { .. }) => to,
                 Err(e) => return Err(e),
             };
             let file = tokio::fs::File::open(&from)

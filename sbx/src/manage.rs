@@ -26,17 +26,17 @@ pub async fn claim_cmd(client: &Client, args: ClaimArgs, json: bool) -> Result<(
     } else {
         println!("id       {}", sandbox.id());
         println!("token    {token}");
-        println!("deadline {deadline} (in {}s)", seconds_until(deadline));
+        println!("deadline {deadline} ({})", sandbox.deadline_display());
     }
     Ok(())
 }
 
 /// `sbx renew ID --ttl SECS`: prints the new deadline.
 pub async fn renew_cmd(client: &Client, id: String, ttl: u64) -> Result<(), Error> {
-    let mut sandbox = client.sandbox(id);
+    let sandbox = client.sandbox(id);
     sandbox.renew(Duration::from_secs(ttl)).await?;
     let deadline = sandbox.deadline_unix().unwrap_or_default();
-    println!("deadline {deadline} (in {}s)", seconds_until(deadline));
+    println!("deadline {deadline} ({})", sandbox.deadline_display());
     Ok(())
 }
 

@@ -30,7 +30,7 @@ async fn main() -> Result<(), Error> {
 
     // Give up after a second: the command is killed and `Timeout` returned.
     match process.wait_timeout(Duration::from_secs(1)).await {
-        Err(Error::Timeout) => println!("gave up after 1s; killed"),
+        Err(Error::Timeout { .. }) => println!("gave up after 1s; killed"),
         other => println!("ended by itself: {other:?}"),
     }
     printer.await.expect("printer task");

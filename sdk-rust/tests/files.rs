@@ -64,35 +64,35 @@ async fn files_round_trip_exactly() {
         let nowhere = local.path().join("nowhere");
         assert!(matches!(
             files.read("/tmp/nope").await,
-            Err(Error::NotFound)
+            Err(Error::NotFound { .. })
         ));
         assert!(matches!(
             files.stat("/tmp/nope").await,
-            Err(Error::NotFound)
+            Err(Error::NotFound { .. })
         ));
         assert!(matches!(
             files.list("/tmp/nope").await,
-            Err(Error::NotFound)
+            Err(Error::NotFound { .. })
         ));
         assert!(matches!(
             files.remove("/tmp/nope", true).await,
-            Err(Error::NotFound)
+            Err(Error::NotFound { .. })
         ));
         assert!(matches!(
             files.rename("/tmp/nope", "/tmp/x").await,
-            Err(Error::NotFound)
+            Err(Error::NotFound { .. })
         ));
         assert!(matches!(
             files.watch("/tmp/nope", false).await,
-            Err(Error::NotFound)
+            Err(Error::NotFound { .. })
         ));
         let e = files.download_dir("/tmp/nope", &nowhere).await;
-        assert!(matches!(e, Err(Error::NotFound)), "{e:?}");
+        assert!(matches!(e, Err(Error::NotFound { .. })), "{e:?}");
         assert!(!nowhere.exists());
         // A local directory that is not there: a local error, nothing in the sandbox.
         let e = files.upload_dir(&nowhere, "/tmp/up").await;
         assert!(matches!(e, Err(Error::Local(_))), "{e:?}");
-        assert!(matches!(files.stat("/tmp/up").await, Err(Error::NotFound)));
+        assert!(matches!(files.stat("/tmp/up").await, Err(Error::NotFound { .. })));
 
         // A source that fails halfway: a local error, and nothing at the target (the
         // guest removes its temp file once the stream goes, without a data_end).

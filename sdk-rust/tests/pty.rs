@@ -47,7 +47,7 @@ async fn pty_through_the_relay() {
         sleeper.stdin().unwrap().send(&[0x03]).await.unwrap();
         assert_eq!(
             sleeper.wait().await.unwrap(),
-            ExitStatus::Signal(libc::SIGINT)
+            ExitStatus::Signal(sandbox_sdk::Signal::Int.number())
         );
 
         // Hostile sizes and names are the guest's bad_request; nothing starts.

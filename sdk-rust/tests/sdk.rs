@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use sandbox_sdk::{ClaimOptions, Command, Error, Event, ExitStatus};
+use sandbox_sdk::{ClaimOptions, Command, Error, Event, ExitStatus, Signal};
 use testkit::sdk::{assert_nothing_runs, running};
 use testkit::{bounded, wait_until, Setup, TENANT_A};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -46,14 +46,14 @@ async fn claim_exec_release() {
             .exec(&Command::new("sh").args(["-c", "kill -TERM $$"]))
             .await
             .unwrap();
-        assert_eq!(out.exit, ExitStatus::Signal(libc::SIGTERM));
+        assert_eq!(out.exit, ExitStatus::Signal(Signal::Term.number()));
 
         sandbox.release().await.unwrap();
         assert!(client.list().await.unwrap().is_empty());
         // Releasing again is success; using it is NotFound.
         sandbox.release().await.unwrap();
         let gone = sandbox.exec(&Command::new("true")).await;
-        assert!(matches!(gone, Err(Error::NotFound)), "{gone:?}");
+        assert!(matches!(gone, Err(Error::NotFound { .. })), "{gone:?}");
     })
     .await
 }
@@ -62,17 +62,21 @@ async fn claim_exec_release() {
 async fn renew_moves_the_deadline() {
     let d = testkit::sdk::start(Setup::sdk()).await;
     bounded(async {
-        let mut sandbox = d
+        let sandbox = d
             .root()
             .claim(ClaimOptions::new().ttl(Duration::from_secs(30)))
             .await
             .unwrap();
         let first = sandbox.deadline_unix().unwrap();
-        let granted = sandbox.renew(Duration::from_secs(300)).await.unwrap();
+        // Renew needs only a shared handle, and every clone sees the new deadline.
+        let shared = std::sync::Arc::new(sandbox.clone());
+        let granted = shared.renew(Duration::from_secs(300)).await.unwrap();
         assert_eq!(sandbox.deadline(), Some(granted));
+        assert!(sandbox.deadline_display().to_string().starts_with("in 4m"));
         assert!(sandbox.deadline_unix().unwrap() >= first + 260);
         // Root acts on any sandbox by id; its renew is clamped to max_ttl_seconds (600).
-        let mut by_id = d.root().sandbox(sandbox.id());
+        let by_id = d.root().sandbox(sandbox.id());
+        assert_eq!(by_id.deadline_display().to_string(), "unknown");
         by_id.renew(Duration::from_secs(100_000)).await.unwrap();
         let now = std::time::SystemTime::now();
         let left = by_id.deadline().unwrap().duration_since(now).unwrap();
@@ -277,7 +281,7 @@ async fn wait_timeout_kills_and_kill_signals() {
             .await
             .unwrap();
         let waited = p.wait_timeout(Duration::from_millis(300)).await;
-        assert!(matches!(waited, Err(Error::Timeout)), "{waited:?}");
+        assert!(matches!(waited, Err(Error::Timeout { .. })), "{waited:?}");
         assert_nothing_runs(&sandbox).await;
 
         // A command that ends in time is not touched.
@@ -296,15 +300,15 @@ async fn wait_timeout_kills_and_kill_signals() {
             )
             .await
             .unwrap();
-        assert!(matches!(p.wait().await, Err(Error::Timeout)));
+        assert!(matches!(p.wait().await, Err(Error::Timeout { .. })));
 
         // kill_with sends the signal asked for.
         let mut p = sandbox
             .spawn(&Command::new("sleep").arg("600"))
             .await
             .unwrap();
-        p.kill_with(libc::SIGTERM).await.unwrap();
-        assert_eq!(p.wait().await.unwrap(), ExitStatus::Signal(libc::SIGTERM));
+        p.kill_with(Signal::Term).await.unwrap();
+        assert_eq!(p.wait().await.unwrap(), ExitStatus::Signal(Signal::Term.number()));
         // Killing what already ended is fine.
         p.kill().await.unwrap();
         assert_nothing_runs(&sandbox).await;
@@ -351,10 +355,10 @@ async fn error_variants_per_status() {
         // 401: no token, unknown token.
         assert!(matches!(
             d.client().claim(ClaimOptions::new()).await,
-            Err(Error::Unauthorized)
+            Err(Error::Unauthorized { .. })
         ));
         let stranger = d.client().with_token("not-a-token-anyone-issued");
-        assert!(matches!(stranger.list().await, Err(Error::Unauthorized)));
+        assert!(matches!(stranger.list().await, Err(Error::Unauthorized { .. })));
         // 403: a tenant on a root-only route.
         let tenant = d.client().with_token(TENANT_A);
         assert!(matches!(tenant.info().await, Err(Error::Forbidden(_))));
@@ -368,16 +372,16 @@ async fn error_variants_per_status() {
             .sandbox("sb-0000000000000000")
             .exec(&Command::new("true"))
             .await;
-        assert!(matches!(unknown, Err(Error::NotFound)), "{unknown:?}");
+        assert!(matches!(unknown, Err(Error::NotFound { .. })), "{unknown:?}");
         let other = root.claim(ClaimOptions::new()).await.unwrap();
         let wrong = root.sandbox_with_token(sandbox.id(), other.token().unwrap());
         assert!(matches!(
             wrong.exec(&Command::new("true")).await,
-            Err(Error::NotFound)
+            Err(Error::NotFound { .. })
         ));
         assert!(matches!(
             wrong.spawn(&Command::new("true")).await,
-            Err(Error::NotFound)
+            Err(Error::NotFound { .. })
         ));
         // 429: max_claims (2) reached.
         let over = root.claim(ClaimOptions::new()).await;
@@ -392,7 +396,7 @@ async fn error_variants_per_status() {
         let big = sandbox
             .exec(&Command::new("head").args(["-c", "1001", "/dev/zero"]))
             .await;
-        assert!(matches!(big, Err(Error::OutputTooLarge)), "{big:?}");
+        assert!(matches!(big, Err(Error::OutputTooLarge { .. })), "{big:?}");
         // 504: the exec's timeout.
         let slow = sandbox
             .exec(
@@ -401,7 +405,7 @@ async fn error_variants_per_status() {
                     .timeout(Duration::from_millis(300)),
             )
             .await;
-        assert!(matches!(slow, Err(Error::Timeout)), "{slow:?}");
+        assert!(matches!(slow, Err(Error::Timeout { .. })), "{slow:?}");
         assert_nothing_runs(&sandbox).await;
 
         // 503: max_in_flight is 1 and one exec runs; without retries the second is Busy.

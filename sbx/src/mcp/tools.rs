@@ -294,7 +294,7 @@ async fn run(sandbox: &Sandbox, cmd: Command) -> Result<Ran, String> {
                 return Ok(ran);
             }
             Ok(None) => return Ok(ran),
-            Err(Error::Timeout) => {
+            Err(Error::Timeout { .. }) => {
                 ran.timed_out = true;
                 return Ok(ran);
             }
@@ -328,7 +328,7 @@ impl AsyncWrite for Capped {
 /// A file tool's error as text for the assistant; `not found` alone would not say which.
 fn file_error(path: &str, e: Error) -> String {
     match e {
-        Error::NotFound => format!("{path}: No such file or directory (or no such sandbox)"),
+        Error::NotFound { .. } => format!("{path}: No such file or directory (or no such sandbox)"),
         e => format!("{path}: {e}"),
     }
 }
