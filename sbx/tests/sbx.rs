@@ -241,7 +241,13 @@ async fn claim_ls_info_release() {
         );
         let out = sbx(&d, &["renew", &claim.id, "--ttl", "5"]).await;
         assert_eq!(out.status.code(), Some(1));
-        assert_eq!(stderr(&out), "sbx: not found\n");
+        assert_eq!(
+            stderr(&out),
+            format!(
+                "sbx: sandbox {} not found (released or expired)\n",
+                claim.id
+            )
+        );
     })
     .await
 }
@@ -258,7 +264,7 @@ async fn errors_are_one_line() {
         assert_eq!(out.status.code(), Some(1));
         assert_eq!(
             stderr(&out),
-            "sbx: unauthorized: missing or unknown token\n"
+            "sbx: unauthorized: missing or unknown token for /v1/sandboxes\n"
         );
 
         let out = sbx(&d, &["--token", TENANT_A, "claim"]).await;
@@ -320,7 +326,7 @@ async fn url_and_token_fall_back_to_the_config_file() {
             .unwrap();
         assert_eq!(
             stderr(&out),
-            "sbx: unauthorized: missing or unknown token\n"
+            "sbx: unauthorized: missing or unknown token for /v1/sandboxes\n"
         );
         let out = bare(&["ls"])
             .env("SANDBOXD_TOKEN", "not-a-token-anyone-issued")
@@ -329,7 +335,7 @@ async fn url_and_token_fall_back_to_the_config_file() {
             .unwrap();
         assert_eq!(
             stderr(&out),
-            "sbx: unauthorized: missing or unknown token\n"
+            "sbx: unauthorized: missing or unknown token for /v1/sandboxes\n"
         );
         let out = bare(&["ls"])
             .env("SANDBOXD_URL", "unix:/nonexistent/sock")

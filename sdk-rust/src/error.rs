@@ -34,7 +34,7 @@ pub enum Error {
     #[error("{what}")]
     NotFound {
         /// What is missing, for humans: `sandbox sb-1 not found (released or expired)`,
-        /// the guest's `no such file: /x`.
+        /// `not found: ` and the guest's words (a path, a pid).
         what: String,
     },
     /// 429: the node or the tenant already holds its `max_claims` sandboxes.
@@ -184,7 +184,9 @@ impl Error {
     pub(crate) fn from_guest(kind: wire::ErrorKind, message: String) -> Error {
         match kind {
             wire::ErrorKind::BadRequest => Error::BadRequest(message),
-            wire::ErrorKind::NotFound => Error::NotFound { what: message },
+            wire::ErrorKind::NotFound => Error::NotFound {
+                what: format!("not found: {message}"),
+            },
             wire::ErrorKind::PermissionDenied => Error::Forbidden(message),
             wire::ErrorKind::NoSpace => Error::NoSpace(message),
             wire::ErrorKind::ResourceExhausted => Error::Busy { retry_after: None },
@@ -233,7 +235,7 @@ fn stderr_tail(stderr: &[u8]) -> String {
 /// path), else the sandbox its path names, else the path.
 fn not_found(message: &str, path: &str) -> String {
     if !message.is_empty() && message != "not found" {
-        return message.to_string();
+        return format!("not found: {message}");
     }
     match path.strip_prefix("/v1/sandboxes/") {
         Some(rest) if !rest.is_empty() => {
@@ -299,7 +301,7 @@ mod tests {
             "sandbox sb-7 not found (released or expired)"
         );
         assert!(
-            matches!(status(404, r#"{"error":"no such file: /x"}"#), Error::NotFound { what } if what == "no such file: /x")
+            matches!(status(404, r#"{"error":"no such file: /x"}"#), Error::NotFound { what } if what == "not found: no such file: /x")
         );
         assert!(matches!(
             status(413, ""),
@@ -337,7 +339,7 @@ mod tests {
         );
         assert!(matches!(
             Error::from_guest(NotFound, "no command with pid 5".into()),
-            Error::NotFound { what } if what == "no command with pid 5"
+            Error::NotFound { what } if what == "not found: no command with pid 5"
         ));
         assert!(matches!(
             Error::from_guest(ResourceExhausted, String::new()),
