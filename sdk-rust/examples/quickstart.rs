@@ -1,33 +1,23 @@
-//! Claim a sandbox, run a command, stream another one fed through stdin, give it back.
+//! Claim a sandbox, run a shell line, stream a command's lines as they come, give it back.
 //! Run with `SANDBOXD_URL` and `SANDBOXD_TOKEN` set: `cargo run -p sdk-rust --example quickstart`.
 
-use sandbox_sdk::{ClaimOptions, Client, Command, Event};
+use sandbox_sdk::{ClaimOptions, Client, Command};
 
 #[tokio::main]
 async fn main() -> Result<(), sandbox_sdk::Error> {
     let client = Client::from_env()?;
-    let sandbox = client.claim(ClaimOptions::new()).await?;
+    // Released however the closure ends: done, an early `?` error, or a panic.
+    client
+        .with_sandbox(ClaimOptions::new(), |sandbox| async move {
+            // A shell line, buffered; `check` makes a non-zero exit an error.
+            let cmd = Command::shell("cd /tmp && echo hello > f && cat f");
+            print!("{}", sandbox.exec(&cmd).await?.check()?.stdout_text());
 
-    // Buffered: run to completion, get the exit status and the exact output bytes.
-    let out = sandbox.exec(&Command::new("uname").arg("-a")).await?;
-    print!("{}", String::from_utf8_lossy(&out.stdout));
-
-    // Streaming: output arrives while the command runs; stdin is ours to write.
-    let cmd = Command::new("sh")
-        .args(["-c", "tr a-z A-Z; echo done >&2"])
-        .stdin(true);
-    let mut process = sandbox.spawn(&cmd).await?;
-    let mut stdin = process.stdin().expect("spawned with stdin");
-    stdin.send(b"hello from a sandbox\n").await?;
-    stdin.close().await?; // EOF
-    while let Some(event) = process.next_event().await? {
-        match event {
-            Event::Stdout(bytes) => print!("{}", String::from_utf8_lossy(&bytes)),
-            Event::Stderr(bytes) => eprint!("{}", String::from_utf8_lossy(&bytes)),
-            Event::Exit(status) => println!("exited: {status}"),
-        }
-    }
-
-    sandbox.release().await?;
-    Ok(())
+            // Each line as it is written; the whole output at the end.
+            let cmd = Command::shell("for i in 1 2 3; do echo line $i; done");
+            let out = sandbox.exec_lines(&cmd, |line| println!("{line}")).await?;
+            println!("exited: {}", out.exit);
+            Ok(())
+        })
+        .await
 }
