@@ -4,7 +4,6 @@
 
 use std::time::Duration;
 
-use futures::StreamExt;
 use sandbox_sdk::{ClaimOptions, Client, Command, Error};
 
 #[tokio::main]
@@ -13,18 +12,16 @@ async fn main() -> Result<(), Error> {
     let sandbox = client.claim(ClaimOptions::new()).await?;
 
     // Counts forever, one line every 100 ms.
-    let cmd = Command::new("sh").args([
-        "-c",
-        "i=0; while :; do i=$((i+1)); echo tick $i; sleep 0.1; done",
-    ]);
+    let cmd = Command::shell("i=0; while :; do i=$((i+1)); echo tick $i; sleep 0.1; done");
     let mut process = sandbox.spawn(&cmd).await?;
     println!("started pid {}", process.pid());
 
-    // Print stdout chunks as they arrive, in a task of their own.
-    let mut stdout = process.take_stdout().expect("not taken yet");
+    // Print stdout lines as they arrive, in a task of their own (no extra crate needed:
+    // `next_line`, or `next_chunk` for raw bytes).
+    let mut lines = process.take_stdout().expect("not taken yet").lines();
     let printer = tokio::spawn(async move {
-        while let Some(chunk) = stdout.next().await {
-            print!("{}", String::from_utf8_lossy(&chunk));
+        while let Some(line) = lines.next_line().await {
+            println!("{line}");
         }
     });
 
