@@ -175,6 +175,8 @@ struct Outcome {
     kills: Vec<u32>,
     connections: u32,
     elapsed: Duration,
+    /// Stdout bytes the answer carries (a 413 keeps the first ones, up to the cap).
+    kept: usize,
 }
 
 async fn run(script: Script, timeout_seconds: Option<f64>) -> Outcome {
@@ -213,9 +215,24 @@ async fn run_with(script: Script, timeout_seconds: Option<f64>, max_output: u64)
     let answer = exec::spawn(execs.clone(), admitted, sandbox, req)
         .await
         .expect("exec task answered");
-    let (status, message) = match answer {
-        Ok(_) => (200, String::new()),
-        Err(e) => (status_of(&e).as_u16(), e.to_string()),
+    // A command cut short (timeout, cap) is an answer with its output and its error.
+    let (status, message, kept) = match answer {
+        Ok(mut finished) => {
+            finished.stdout.rewind().await.unwrap();
+            let mut kept = 0;
+            loop {
+                let chunk = finished.stdout.next_chunk(64 * 1024).await.unwrap();
+                if chunk.is_empty() {
+                    break;
+                }
+                kept += chunk.len();
+            }
+            match finished.cut {
+                Some(e) => (status_of(&e).as_u16(), e.to_string(), kept),
+                None => (200, String::new(), kept),
+            }
+        }
+        Err(e) => (status_of(&e).as_u16(), e.to_string(), 0),
     };
     let kills = kills.lock().unwrap().clone();
     let connections = *connections.lock().unwrap();
@@ -225,6 +242,7 @@ async fn run_with(script: Script, timeout_seconds: Option<f64>, max_output: u64)
         kills,
         connections,
         elapsed: started.elapsed(),
+        kept,
     }
 }
 
@@ -263,9 +281,11 @@ async fn silkd_timeout_still_gets_a_checked_kill() {
 
 #[tokio::test(start_paused = true)]
 async fn output_over_the_cap_is_killed_then_413() {
-    let o = run(Script::Flood(1024), None).await;
+    // Frames of 1000 bytes against a 64 KiB cap: the last one kept is cut mid-frame.
+    let o = run(Script::Flood(1000), None).await;
     assert_eq!(o.status, 413);
     assert_eq!(o.kills, vec![PID]);
+    assert_eq!(o.kept, 64 * 1024, "the answer keeps exactly the cap's bytes");
 }
 
 #[tokio::test(start_paused = true)]

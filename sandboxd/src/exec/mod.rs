@@ -99,7 +99,8 @@ enum GiveUp {
 
 /// Runs the exec in its own task so that a client hanging up (which drops the HTTP
 /// handler) still ends in a `Kill`; the handler awaits the returned receiver, and the task
-/// notices the receiver's drop.
+/// notices the receiver's drop. A timeout or the output cap is `Ok` with
+/// [`Finished::cut`] set: answer it with `status_of(cut)`, never 200.
 pub fn spawn(
     execs: Arc<Execs>,
     admitted: Admitted,
