@@ -194,7 +194,10 @@ async fn output_cap_is_exact_and_kills() {
     let v = r.json();
     assert_eq!(v["truncated"], true, "{v}");
     assert_eq!(v["signal"], 9, "{v}");
-    assert!(v["error"].as_str().unwrap().contains("max_output_bytes"), "{v}");
+    assert!(
+        v["error"].as_str().unwrap().contains("max_output_bytes"),
+        "{v}"
+    );
     assert_eq!(v["stdout"].as_str().unwrap().len() as u64, cap);
     assert_eq!(v["stderr"], "");
     assert_gone(&m).await;

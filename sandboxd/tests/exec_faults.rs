@@ -285,7 +285,11 @@ async fn output_over_the_cap_is_killed_then_413() {
     let o = run(Script::Flood(1000), None).await;
     assert_eq!(o.status, 413);
     assert_eq!(o.kills, vec![PID]);
-    assert_eq!(o.kept, 64 * 1024, "the answer keeps exactly the cap's bytes");
+    assert_eq!(
+        o.kept,
+        64 * 1024,
+        "the answer keeps exactly the cap's bytes"
+    );
 }
 
 #[tokio::test(start_paused = true)]

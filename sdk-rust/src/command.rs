@@ -340,19 +340,30 @@ impl Signal {
 
     /// Its number in the guest.
     pub fn number(self) -> i32 {
-        Signal::ALL.iter().find(|(s, ..)| *s == self).expect("listed").1
+        Signal::ALL
+            .iter()
+            .find(|(s, ..)| *s == self)
+            .expect("listed")
+            .1
     }
 
     /// The signal with this number, when it is one named here.
     pub fn from_number(n: i32) -> Option<Signal> {
-        Signal::ALL.iter().find(|(_, num, _)| *num == n).map(|(s, ..)| *s)
+        Signal::ALL
+            .iter()
+            .find(|(_, num, _)| *num == n)
+            .map(|(s, ..)| *s)
     }
 }
 
 /// `SIGTERM` and so on.
 impl fmt::Display for Signal {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let name = Signal::ALL.iter().find(|(s, ..)| s == self).expect("listed").2;
+        let name = Signal::ALL
+            .iter()
+            .find(|(s, ..)| s == self)
+            .expect("listed")
+            .2;
         f.write_str(name)
     }
 }

@@ -359,16 +359,25 @@ mod tests {
         assert_eq!(out.stdout, b"tick\n");
         assert_eq!(out.stderr, [0xff]);
         assert_eq!(out.exit, crate::command::ExitStatus::Signal(9));
-        let e = status(413, r#"{"error":"cap","truncated":true,"exit_code":null,"stdout":"ab"}"#);
+        let e = status(
+            413,
+            r#"{"error":"cap","truncated":true,"exit_code":null,"stdout":"ab"}"#,
+        );
         assert!(matches!(&e, Error::OutputTooLarge { partial: Some(p) } if p.stdout == b"ab"));
         // A hostile or broken body that claims a cut but does not decode carries none,
         // and the status still maps.
         assert!(matches!(
-            status(504, r#"{"timed_out":true,"exit_code":null,"stdout_b64":"!!"}"#),
+            status(
+                504,
+                r#"{"timed_out":true,"exit_code":null,"stdout_b64":"!!"}"#
+            ),
             Error::Timeout { partial: None }
         ));
         assert!(matches!(
-            status(504, r#"{"timed_out":true,"stdout":"a","stdout_b64":"YQ=="}"#),
+            status(
+                504,
+                r#"{"timed_out":true,"stdout":"a","stdout_b64":"YQ=="}"#
+            ),
             Error::Timeout { partial: None }
         ));
         // A 413 for an oversized request carries no output.

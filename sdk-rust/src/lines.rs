@@ -230,7 +230,10 @@ mod tests {
 
     #[test]
     fn lines_span_chunks_and_follow_the_text_rule() {
-        assert_eq!(split(&[b"a\nb", b"c\r\n", b"\n", b"tail"]), ["a", "bc", "", "tail"]);
+        assert_eq!(
+            split(&[b"a\nb", b"c\r\n", b"\n", b"tail"]),
+            ["a", "bc", "", "tail"]
+        );
         assert_eq!(split(&[b"x\n"]), ["x"]);
         assert_eq!(split(&[]), Vec::<String>::new());
         // A multi-byte character cut between chunks is whole again; a bad byte is U+FFFD.

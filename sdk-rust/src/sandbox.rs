@@ -331,9 +331,13 @@ mod tests {
         assert_eq!(Span(Duration::from_secs(3723)).to_string(), "1h 2m 3s");
         assert_eq!(DeadlineDisplay(None).to_string(), "unknown");
         let later = SystemTime::now() + Duration::from_secs(3600);
-        assert!(DeadlineDisplay(Some(later)).to_string().starts_with("in 59m"));
+        assert!(DeadlineDisplay(Some(later))
+            .to_string()
+            .starts_with("in 59m"));
         let earlier = SystemTime::now() - Duration::from_secs(7);
-        assert!(DeadlineDisplay(Some(earlier)).to_string().starts_with("passed "));
+        assert!(DeadlineDisplay(Some(earlier))
+            .to_string()
+            .starts_with("passed "));
     }
 
     #[test]

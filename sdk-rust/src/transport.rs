@@ -416,7 +416,9 @@ mod tests {
                 "{url:?} was accepted"
             );
         }
-        let e = Endpoint::parse("http://localhost/").unwrap_err().to_string();
+        let e = Endpoint::parse("http://localhost/")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no port") && e.contains("7777"), "{e}");
     }
 

@@ -37,7 +37,10 @@ async fn shell_lines_text_and_check() {
         assert!(!out.success());
         // A non-zero exit is Ok until `check` says otherwise.
         let e = out.clone().check().unwrap_err();
-        assert_eq!(e.to_string(), "command failed with exit code 3: bad \u{fffd}");
+        assert_eq!(
+            e.to_string(),
+            "command failed with exit code 3: bad \u{fffd}"
+        );
         assert_eq!(e.partial_output(), Some(&out));
         let ok = sandbox.exec(&Command::shell("true")).await.unwrap();
         assert!(ok.check().is_ok());
@@ -81,7 +84,10 @@ async fn shell_lines_text_and_check() {
         );
 
         // Signals by name, no libc: SIGTERM ends a spawned command, shown by name.
-        let p = sandbox.spawn(&Command::new("sleep").arg("600")).await.unwrap();
+        let p = sandbox
+            .spawn(&Command::new("sleep").arg("600"))
+            .await
+            .unwrap();
         p.kill_with(Signal::Term).await.unwrap();
         let exit = p.output().await.unwrap().exit;
         assert_eq!(exit.to_string(), "killed by SIGTERM (signal 15)");
@@ -192,9 +198,11 @@ async fn scoped_sandboxes_are_released_however_they_end() {
         let panicking = client.clone();
         let joined = tokio::spawn(async move {
             panicking
-                .with_sandbox(ClaimOptions::new(), |_sb| async move {
-                    let missing: Option<()> = None;
-                    missing.expect("the caller's bug");
+                .with_sandbox(ClaimOptions::new(), |sb| async move {
+                    // Always true; written so that the closure still has a type.
+                    if !sb.id().is_empty() {
+                        panic!("the caller's bug in {}", sb.id());
+                    }
                     Ok::<(), Error>(())
                 })
                 .await

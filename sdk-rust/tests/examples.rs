@@ -32,10 +32,7 @@ async fn quickstart_example_runs_and_matches_the_docs() {
             .unwrap();
         assert!(out.status.success(), "{}", stderr(&out));
         let text = String::from_utf8(out.stdout.clone()).unwrap();
-        assert_eq!(
-            text,
-            "hello\nline 1\nline 2\nline 3\nexited: exit code 0\n"
-        );
+        assert_eq!(text, "hello\nline 1\nline 2\nline 3\nexited: exit code 0\n");
         assert_eq!(stderr(&out), "");
         // `with_sandbox` released it: nothing is left claimed.
         assert!(d.root().list().await.unwrap().is_empty());

@@ -92,7 +92,10 @@ async fn files_round_trip_exactly() {
         // A local directory that is not there: a local error, nothing in the sandbox.
         let e = files.upload_dir(&nowhere, "/tmp/up").await;
         assert!(matches!(e, Err(Error::Local(_))), "{e:?}");
-        assert!(matches!(files.stat("/tmp/up").await, Err(Error::NotFound { .. })));
+        assert!(matches!(
+            files.stat("/tmp/up").await,
+            Err(Error::NotFound { .. })
+        ));
 
         // A source that fails halfway: a local error, and nothing at the target (the
         // guest removes its temp file once the stream goes, without a data_end).

@@ -308,7 +308,10 @@ async fn wait_timeout_kills_and_kill_signals() {
             .await
             .unwrap();
         p.kill_with(Signal::Term).await.unwrap();
-        assert_eq!(p.wait().await.unwrap(), ExitStatus::Signal(Signal::Term.number()));
+        assert_eq!(
+            p.wait().await.unwrap(),
+            ExitStatus::Signal(Signal::Term.number())
+        );
         // Killing what already ended is fine.
         p.kill().await.unwrap();
         assert_nothing_runs(&sandbox).await;
@@ -358,7 +361,10 @@ async fn error_variants_per_status() {
             Err(Error::Unauthorized { .. })
         ));
         let stranger = d.client().with_token("not-a-token-anyone-issued");
-        assert!(matches!(stranger.list().await, Err(Error::Unauthorized { .. })));
+        assert!(matches!(
+            stranger.list().await,
+            Err(Error::Unauthorized { .. })
+        ));
         // 403: a tenant on a root-only route.
         let tenant = d.client().with_token(TENANT_A);
         assert!(matches!(tenant.info().await, Err(Error::Forbidden(_))));
@@ -372,7 +378,10 @@ async fn error_variants_per_status() {
             .sandbox("sb-0000000000000000")
             .exec(&Command::new("true"))
             .await;
-        assert!(matches!(unknown, Err(Error::NotFound { .. })), "{unknown:?}");
+        assert!(
+            matches!(unknown, Err(Error::NotFound { .. })),
+            "{unknown:?}"
+        );
         let other = root.claim(ClaimOptions::new()).await.unwrap();
         let wrong = root.sandbox_with_token(sandbox.id(), other.token().unwrap());
         assert!(matches!(
