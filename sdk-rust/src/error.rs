@@ -10,7 +10,7 @@ use std::time::Duration;
 use hyper::header::{HeaderMap, RETRY_AFTER};
 use hyper::StatusCode;
 
-use crate::command::Output;
+use crate::outcome::Output;
 
 /// `Result` with the SDK's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -358,7 +358,7 @@ mod tests {
         let out = e.partial_output().expect("partial output");
         assert_eq!(out.stdout, b"tick\n");
         assert_eq!(out.stderr, [0xff]);
-        assert_eq!(out.exit, crate::command::ExitStatus::Signal(9));
+        assert_eq!(out.exit, crate::outcome::ExitStatus::Signal(9));
         let e = status(
             413,
             r#"{"error":"cap","truncated":true,"exit_code":null,"stdout":"ab"}"#,
@@ -388,7 +388,7 @@ mod tests {
 
     #[test]
     fn check_turns_a_failure_into_an_error() {
-        use crate::command::ExitStatus;
+        use crate::outcome::ExitStatus;
         let ok = Output {
             exit: ExitStatus::Code(0),
             stdout: b"fine".to_vec(),

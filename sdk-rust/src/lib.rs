@@ -6,27 +6,28 @@
 //! Modules in dependency order: each uses only modules above it, never one below
 //! (`tests::modules_form_a_dag` checks it).
 //!
-//! 1. `command.rs`: [`Command`], [`ExitStatus`], [`Signal`], [`Output`]: what to run and
-//!    how it ended.
-//! 2. `error.rs`: [`Error`], one enum; HTTP statuses and guest errors map to variants
+//! 1. `outcome.rs`: [`ExitStatus`], [`Signal`], [`Output`]: how a command ended and
+//!    what it wrote.
+//! 2. `command.rs`: [`Command`]: what to run.
+//! 3. `error.rs`: [`Error`], one enum; HTTP statuses and guest errors map to variants
 //!    (the cut-short ones carry the partial [`Output`]).
-//! 3. `transport.rs`: HTTP/1 over TCP or Unix sockets, one pooled connection, busy
+//! 4. `transport.rs`: HTTP/1 over TCP or Unix sockets, one pooled connection, busy
 //!    retries, the `Upgrade: silkd` handshake.
-//! 4. `relay.rs`: `wire` frames over an upgraded connection; one-answer RPCs.
-//! 5. `sandbox.rs`: [`Sandbox`], one sandbox and its token; buffered
+//! 5. `relay.rs`: `wire` frames over an upgraded connection; one-answer RPCs.
+//! 6. `sandbox.rs`: [`Sandbox`], one sandbox and its token; buffered
 //!    [`exec`](Sandbox::exec), kill and ps over the relay, renew, release.
-//! 6. `process.rs`: [`Process`], a spawned command (stdin, output streams, wait, kill),
+//! 7. `process.rs`: [`Process`], a spawned command (stdin, output streams, wait, kill),
 //!    and [`Sandbox::spawn`] that starts it. Nothing it started keeps running once it is
 //!    dropped.
-//! 7. `archive.rs`: local directories as tar streams, packed and unpacked on the fly on a
+//! 8. `archive.rs`: local directories as tar streams, packed and unpacked on the fly on a
 //!    blocking thread; an archive from a sandbox is checked as untrusted.
-//! 8. `files.rs`: [`Files`], a sandbox's files from [`Sandbox::files`]: read and write
+//! 9. `files.rs`: [`Files`], a sandbox's files from [`Sandbox::files`]: read and write
 //!    streamed, stat, list, mkdir, remove, rename, directories, [`Watch`].
-//! 9. `port.rs`: [`PortStream`], a TCP connection to a port inside the sandbox, and
-//!    [`Sandbox::connect_port`] that opens it.
-//! 10. `lines.rs`: output as text lines: [`Lines`] over an [`OutputStream`], and
+//! 10. `port.rs`: [`PortStream`], a TCP connection to a port inside the sandbox, and
+//!     [`Sandbox::connect_port`] that opens it.
+//! 11. `lines.rs`: output as text lines: [`Lines`] over an [`OutputStream`], and
 //!     [`Sandbox::exec_lines`] (a closure sees each line, the whole [`Output`] comes back).
-//! 11. `client.rs`: [`Client`], a node's URL and caller token; claim (and
+//! 12. `client.rs`: [`Client`], a node's URL and caller token; claim (and
 //!     [`Client::with_sandbox`], released however it ends), list, info. It makes
 //!     [`Sandbox`] handles that share its connection pool.
 //!
@@ -56,6 +57,7 @@ mod command;
 mod error;
 mod files;
 mod lines;
+mod outcome;
 mod port;
 mod process;
 mod relay;
@@ -70,10 +72,11 @@ pub use api::{
 };
 pub use bytes::Bytes;
 pub use client::{ClaimOptions, Client, DEFAULT_BUSY_RETRIES, DEFAULT_URL};
-pub use command::{Command, ExitStatus, Output, Signal};
+pub use command::Command;
 pub use error::{Error, Result, TransportError};
 pub use files::{Files, Watch};
 pub use lines::{Line, Lines};
+pub use outcome::{ExitStatus, Output, Signal};
 pub use port::PortStream;
 pub use process::{Event, OutputStream, Process, ProcessStdin};
 pub use sandbox::{DeadlineDisplay, ReleaseOnDrop, Sandbox};
@@ -83,7 +86,8 @@ pub use wire::{ProcInfo, ProcState, Pty};
 #[cfg(test)]
 mod tests {
     /// The modules of `# Layout`, in order, with their source.
-    const LAYERS: [(&str, &str); 11] = [
+    const LAYERS: [(&str, &str); 12] = [
+        ("outcome", include_str!("outcome.rs")),
         ("command", include_str!("command.rs")),
         ("error", include_str!("error.rs")),
         ("transport", include_str!("transport.rs")),

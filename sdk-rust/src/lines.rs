@@ -14,8 +14,9 @@ use std::task::{ready, Context, Poll};
 
 use futures::Stream;
 
-use crate::command::{Command, ExitStatus, Output, Signal};
+use crate::command::Command;
 use crate::error::{Error, Result};
+use crate::outcome::{ExitStatus, Output, Signal};
 use crate::process::{Event, OutputStream};
 use crate::sandbox::Sandbox;
 

@@ -21,8 +21,9 @@ use tokio::task::AbortHandle;
 use tokio_util::sync::PollSender;
 use wire::{Request, Response};
 
-use crate::command::{Command, ExitStatus, Output, Signal};
+use crate::command::Command;
 use crate::error::{Error, Result};
+use crate::outcome::{ExitStatus, Output, Signal};
 use crate::relay::Relay;
 use crate::sandbox::Sandbox;
 

@@ -12,8 +12,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use hyper::{Method, StatusCode};
 use wire::{Request, Response};
 
-use crate::command::{Command, Output};
+use crate::command::Command;
 use crate::error::{Error, Result};
+use crate::outcome::Output;
 use crate::relay::{self, Relay};
 use crate::transport::{Answer, Http};
 
@@ -317,7 +318,7 @@ impl fmt::Display for Span {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::command::ExitStatus;
+    use crate::outcome::ExitStatus;
 
     fn answer(json: &str) -> Result<Output> {
         decode_output(serde_json::from_str(json).unwrap())
