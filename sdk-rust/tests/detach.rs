@@ -20,7 +20,10 @@ async fn detached_counter_survives_is_listed_attached_and_killed() {
 
         // Refusals: an unknown pid, buffered exec of a detached command.
         let refused = sandbox.attach(999_999).await;
-        assert!(matches!(refused, Err(Error::NotFound { .. })), "{refused:?}");
+        assert!(
+            matches!(refused, Err(Error::NotFound { .. })),
+            "{refused:?}"
+        );
         let cmd = Command::new("sh").args(["-c", COUNTER]).detach(true);
         let refused = sandbox.exec(&cmd).await;
         assert!(matches!(refused, Err(Error::BadRequest(_))), "{refused:?}");
