@@ -18,6 +18,9 @@ pub enum Error {
     /// Unknown route, unknown sandbox, or a sandbox token that is not this sandbox's.
     #[error("not found")]
     NotFound,
+    /// A feature this node does not have (yet); the message says which and why.
+    #[error("not supported: {0}")]
+    Unsupported(String),
     /// The route exists but not with this method.
     #[error("method not allowed")]
     MethodNotAllowed,

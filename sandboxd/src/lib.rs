@@ -22,6 +22,7 @@
 //! - [`template`]: a template's default user, workdir and env (from its image's
 //!   manifest), rendered as silkd's flags.
 //! - [`serve`]: connections: the `[http]` cap and the header, idle and write timeouts.
+//! - [`e2b`]: the optional E2B-compatible listener (`[e2b]`), a translation onto the above.
 //!
 //! [`run`] takes a bound [`Listener`], so tests start the daemon in-process on port 0.
 #![deny(missing_docs)]
@@ -30,6 +31,7 @@ pub mod api;
 pub mod auth;
 pub mod claims;
 pub mod config;
+pub mod e2b;
 pub mod engine;
 pub mod error;
 pub mod exec;
@@ -111,6 +113,16 @@ pub async fn run(
     config.validate()?;
     serve::raise_fd_limit(&config.http);
     let node = Node::start(config).await?;
+    let e2b = match &node.config.e2b {
+        Some(c) => match e2b::start(node.clone(), c).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                node.shutdown().await;
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     let slots = Connections::new(&node.config.http, node.metrics.clone());
     tracing::info!(listen = %listener.describe(), "sandboxd serving");
     let mut connections = tokio::task::JoinSet::new();
@@ -133,6 +145,9 @@ pub async fn run(
         while connections.try_join_next().is_some() {}
     }
     tracing::info!(on_stop = ?node.config.on_stop, "shutting down");
+    if let Some(e2b) = e2b {
+        e2b.stop().await;
+    }
     node.shutdown().await;
     let _ = tokio::time::timeout(DRAIN, async {
         while connections.join_next().await.is_some() {}

@@ -48,6 +48,15 @@ const MIGRATIONS: &[&str] = &[
         created_ms INTEGER NOT NULL,
         path TEXT NOT NULL
      );",
+    // 2: what the E2B surface keeps with a claim (`e2b/record.rs`): metadata, env vars,
+    // the E2B template name and the start time. Deleted with the claim.
+    "CREATE TABLE e2b_sandboxes (
+        id TEXT PRIMARY KEY,
+        template_id TEXT NOT NULL,
+        metadata TEXT NOT NULL,
+        env_vars TEXT NOT NULL,
+        started_ms INTEGER NOT NULL
+     );",
 ];
 
 /// One claim as recorded.
@@ -145,7 +154,7 @@ impl Store {
         })?
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T> {
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T> {
         let mut conn = self.conn.lock().expect("store lock");
         f(&mut conn).map_err(|e| store_error(&self.path, e))
     }
@@ -226,8 +235,11 @@ impl Store {
 
     /// Deletes a claim's record; deleting one that is not there is fine.
     pub fn delete_claim(&self, id: &str) -> Result<()> {
-        self.with(|c| c.execute("DELETE FROM claims WHERE id = ?1", [id]))
-            .map(drop)
+        self.with(|c| {
+            c.execute("DELETE FROM e2b_sandboxes WHERE id = ?1", [id])?;
+            c.execute("DELETE FROM claims WHERE id = ?1", [id])
+        })
+        .map(drop)
     }
 
     /// Writes a claim's deadline as `current()` reads it under the store's lock, so

@@ -43,6 +43,7 @@ pub mod bins;
 pub mod cgroup2;
 pub mod daemon;
 pub mod detach;
+pub mod e2b;
 pub mod files_http;
 pub mod files_stream;
 pub mod guard;

@@ -27,8 +27,9 @@ pub(crate) const APT_LISTS: &str = "/var/lib/apt/lists";
 /// `mmdebstrap` and `mkfs.erofs` build Debian templates (`cargo xtask image --template`).
 /// `systemd-analyze` checks the packaged unit and `zstd` compresses the packages
 /// (`cargo xtask dist`, `xtask/tests/dist.rs`). `tmux` is the terminal `sbx shell` is
-/// tested in (`sbx/tests/shell.rs`).
-const PACKAGES: [(&str, &str); 8] = [
+/// tested in (`sbx/tests/shell.rs`). `pip3` fills the E2B tests' Python environment
+/// (`e2b_venv.rs`).
+const PACKAGES: [(&str, &str); 9] = [
     ("bwrap", "bubblewrap"),
     ("file", "file"),
     ("ps", "procps"),
@@ -37,6 +38,7 @@ const PACKAGES: [(&str, &str); 8] = [
     ("systemd-analyze", "systemd"),
     ("zstd", "zstd"),
     ("tmux", "tmux"),
+    ("pip3", "python3-pip"),
 ];
 
 /// A version's major and minor numbers.
@@ -86,7 +88,8 @@ fn say(line: &str) {
 }
 
 pub fn run() -> Result<()> {
-    ensure(Need::Tests)
+    ensure(Need::Tests)?;
+    crate::e2b_venv::ensure(&crate::workspace_root())
 }
 
 /// Installs (as root) or names (otherwise) what is missing for `need`.

@@ -14,6 +14,7 @@
 pub mod bench;
 pub mod deps;
 pub mod dist;
+pub mod e2b_venv;
 pub mod image;
 pub mod silkd;
 pub mod test;

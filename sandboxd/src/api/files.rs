@@ -80,7 +80,7 @@ pub(super) async fn put_archive(
 /// Feeds the request body to a write or unpack as `data` frames, then `data_end`, and
 /// returns silkd's answer. An early answer (a full disk, a refused entry) ends the upload
 /// at once; so does a client that leaves or goes quiet, before any `data_end`.
-async fn upload(node: &Node, conn: &mut GuestConn, mut body: Incoming) -> Result<Answer> {
+pub(crate) async fn upload(node: &Node, conn: &mut GuestConn, mut body: Incoming) -> Result<Answer> {
     let seconds = node.config.http.body_timeout_seconds;
     loop {
         let piece = tokio::select! {
@@ -205,7 +205,7 @@ pub(super) async fn get_archive(
 /// A response body fed from a guest stream's `data` frames until `done`. A guest failure
 /// midway ends the body short, which hyper turns into a broken connection (with a
 /// `Content-Length`, or a chunked body without its last chunk): never a silent truncation.
-fn stream_data(mut conn: GuestConn, first: Option<Vec<u8>>) -> Body {
+pub(crate) fn stream_data(mut conn: GuestConn, first: Option<Vec<u8>>) -> Body {
     let (tx, rx) = mpsc::channel::<Result<Bytes, Infallible>>(OUT_QUEUE);
     tokio::spawn(async move {
         if let Some(d) = first {
@@ -233,7 +233,7 @@ fn stream_data(mut conn: GuestConn, first: Option<Vec<u8>>) -> Body {
     channel_body(rx)
 }
 
-fn channel_body(rx: mpsc::Receiver<Result<Bytes, Infallible>>) -> Body {
+pub(crate) fn channel_body(rx: mpsc::Receiver<Result<Bytes, Infallible>>) -> Body {
     let stream = futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|b| (b.map(Frame::data), rx))
     });

@@ -9,10 +9,10 @@
 
 mod agent;
 mod exec;
-mod files;
+pub(crate) mod files;
 mod operator;
 mod ports;
-mod query;
+pub(crate) mod query;
 mod sandboxes;
 
 use std::convert::Infallible;
@@ -223,6 +223,7 @@ pub fn status_of(error: &Error) -> StatusCode {
         Error::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
         Error::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
         Error::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+        Error::Unsupported(_) => StatusCode::NOT_IMPLEMENTED,
         Error::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
         Error::BodyTooLarge { .. } | Error::OutputTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         Error::UpgradeRequired(_) => StatusCode::UPGRADE_REQUIRED,
@@ -244,7 +245,7 @@ pub fn status_of(error: &Error) -> StatusCode {
 /// (paths, a guest's host-side log or console tail, OS errors): a fixed sentence and the
 /// incident id the log line carries. `None` when the error's own message is safe to show.
 /// Root, and the log, always get the whole message.
-fn tenant_message(error: &Error, incident: &str) -> Option<String> {
+pub(crate) fn tenant_message(error: &Error, incident: &str) -> Option<String> {
     let what = match error {
         Error::Config(_) | Error::Engine(_) | Error::Store { .. } | Error::Io { .. } => {
             "internal error".to_string()
@@ -307,7 +308,7 @@ fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
     resp
 }
 
-fn full(bytes: impl Into<Bytes>) -> Body {
+pub(crate) fn full(bytes: impl Into<Bytes>) -> Body {
     Full::new(bytes.into()).boxed()
 }
 

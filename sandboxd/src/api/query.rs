@@ -84,7 +84,7 @@ impl Query {
 }
 
 /// Percent-decoding (`+` is a space, as browsers send it); the result must be UTF-8.
-fn decode(s: &str) -> Result<String> {
+pub(crate) fn decode(s: &str) -> Result<String> {
     let bad = || Error::BadRequest(format!("bad percent-encoding in {s:?}"));
     let b = s.as_bytes();
     let mut out = Vec::with_capacity(b.len());

@@ -2,6 +2,7 @@
 //! one `validate()` (in `validate.rs`) that every other module may then rely on. Runtime
 //! state lives elsewhere.
 
+mod e2b;
 mod engines;
 mod limits;
 mod validate;
@@ -11,6 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+pub use self::e2b::E2bConfig;
 pub use self::engines::{AccelChoice, ProcessConfig, QemuConfig, QemuMachine, TemplateDisk};
 pub use self::limits::{ExecConfig, HttpConfig};
 use crate::error::{Error, Result};
@@ -86,6 +88,9 @@ pub struct Config {
     /// Options of the `qemu` engine.
     #[serde(default)]
     pub qemu: QemuConfig,
+    /// The E2B-compatible listener; off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub e2b: Option<E2bConfig>,
 }
 
 /// Which engine makes guests.

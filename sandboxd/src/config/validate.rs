@@ -12,6 +12,9 @@ impl Config {
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(Error::Config(msg));
         self.listen_addr()?;
+        if let Some(e2b) = &self.e2b {
+            e2b.validate(&self.templates)?;
+        }
         if self.data_dir.as_os_str().is_empty() {
             return bad("data_dir is empty".into());
         }
