@@ -248,6 +248,19 @@ def test_hostile_and_wrong_credentials(sandbox):
         assert r.status_code == 401 and r.json()["code"] == 401
         r = c.get("/sandboxes/nope", headers={"X-API-KEY": os.environ["E2B_API_KEY"]})
         assert r.status_code == 404 and r.json()["code"] == 404
+        # Another tenant sees nothing of this sandbox, and cannot kill it.
+        other = {"X-API-KEY": os.environ["E2B_TEST_OTHER_KEY"]}
+        assert c.get(f"/sandboxes/{sid}", headers=other).status_code == 404
+        assert c.delete(f"/sandboxes/{sid}", headers=other).status_code == 404
+        assert sid not in [s["sandboxID"] for s in c.get("/v2/sandboxes", headers=other).json()]
+        # Another sandbox's access token opens nothing here.
+        second = Sandbox.create(timeout=30)
+        try:
+            head = {"E2b-Sandbox-Id": sid, "X-Access-Token": second._envd_access_token}
+            r = c.post("/filesystem.Filesystem/Stat", json={"path": "/"}, headers=head)
+            assert r.status_code == 401, r.text
+        finally:
+            second.kill()
         r = c.post(
             "/v2/sandboxes",
             json={"templateID": "no-such-template"},

@@ -50,6 +50,8 @@ pub fn pytest(port: u16, api_key: &str, tests: &[&str], filter: Option<&str>) ->
         .env("E2B_API_URL", &url)
         .env("E2B_SANDBOX_URL", &url)
         .env("E2B_API_KEY", api_key)
+        // Another tenant's key, for the isolation checks.
+        .env("E2B_TEST_OTHER_KEY", crate::TENANT_B)
         .env("PYTHONDONTWRITEBYTECODE", "1")
         .env_remove("E2B_DEBUG")
         .env_remove("E2B_DOMAIN");
