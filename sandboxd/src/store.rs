@@ -154,7 +154,10 @@ impl Store {
         })?
     }
 
-    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>) -> Result<T> {
+    pub(crate) fn with<T>(
+        &self,
+        f: impl FnOnce(&mut Connection) -> rusqlite::Result<T>,
+    ) -> Result<T> {
         let mut conn = self.conn.lock().expect("store lock");
         f(&mut conn).map_err(|e| store_error(&self.path, e))
     }

@@ -34,7 +34,9 @@ pub fn free_port() -> u16 {
 
 /// `[e2b]` config for `port`, with the alias the SDK's default template needs.
 pub fn config_section(port: u16, template: &str) -> String {
-    format!("\n[e2b]\nlisten = \"127.0.0.1:{port}\"\ntemplate_aliases = {{ base = \"{template}\" }}\n")
+    format!(
+        "\n[e2b]\nlisten = \"127.0.0.1:{port}\"\ntemplate_aliases = {{ base = \"{template}\" }}\n"
+    )
 }
 
 /// Runs pytest on `tests` (paths under `e2b/tests/`) with the SDK pointed at
@@ -45,7 +47,15 @@ pub fn pytest(port: u16, api_key: &str, tests: &[&str], filter: Option<&str>) ->
     let url = format!("http://127.0.0.1:{port}");
     let mut cmd = Command::new(venv_python());
     cmd.current_dir(root.join("e2b"))
-        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "--tb=short"])
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-x",
+            "--tb=short",
+        ])
         .args(tests.iter().map(|t| format!("tests/{t}")))
         .env("E2B_API_URL", &url)
         .env("E2B_SANDBOX_URL", &url)

@@ -40,7 +40,13 @@ pub fn ensure(root: &Path) -> Result<()> {
         Command::new("pip3")
             .arg("--python")
             .arg(venv.join("bin/python"))
-            .args(["install", "--quiet", "--no-input", "--disable-pip-version-check", "-r"])
+            .args([
+                "install",
+                "--quiet",
+                "--no-input",
+                "--disable-pip-version-check",
+                "-r",
+            ])
             .arg(&req_path),
     )?;
     fs::write(venv.join(STAMP), want).map_err(|source| Error::Io {

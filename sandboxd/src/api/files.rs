@@ -80,7 +80,11 @@ pub(super) async fn put_archive(
 /// Feeds the request body to a write or unpack as `data` frames, then `data_end`, and
 /// returns silkd's answer. An early answer (a full disk, a refused entry) ends the upload
 /// at once; so does a client that leaves or goes quiet, before any `data_end`.
-pub(crate) async fn upload(node: &Node, conn: &mut GuestConn, mut body: Incoming) -> Result<Answer> {
+pub(crate) async fn upload(
+    node: &Node,
+    conn: &mut GuestConn,
+    mut body: Incoming,
+) -> Result<Answer> {
     let seconds = node.config.http.body_timeout_seconds;
     loop {
         let piece = tokio::select! {

@@ -64,31 +64,49 @@ fn error_json(error: &Error) -> Value {
 /// An error answer: a unary one, or a whole stream that is only its end.
 pub fn error_response(error: &Error, stream: bool) -> Response<Body> {
     if stream {
-        let body = envelope::encode(END_STREAM, json!({"error": error_json(error)}).to_string().as_bytes());
+        let body = envelope::encode(
+            END_STREAM,
+            json!({"error": error_json(error)}).to_string().as_bytes(),
+        );
         return with_type(StatusCode::OK, "application/connect+json", body);
     }
     let status = code_of(error).1;
-    with_type(status, "application/json", Bytes::from(error_json(error).to_string()))
+    with_type(
+        status,
+        "application/json",
+        Bytes::from(error_json(error).to_string()),
+    )
 }
 
 /// A unary success.
 pub fn ok(value: Value) -> Response<Body> {
-    with_type(StatusCode::OK, "application/json", Bytes::from(value.to_string()))
+    with_type(
+        StatusCode::OK,
+        "application/json",
+        Bytes::from(value.to_string()),
+    )
 }
 
 fn with_type(status: StatusCode, kind: &'static str, body: Bytes) -> Response<Body> {
     let mut resp = Response::new(full(body));
     *resp.status_mut() = status;
-    resp.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static(kind));
+    resp.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
     resp
 }
 
 /// Reads a unary request (`application/json`, at most [`MAX_BODY`]).
 pub async fn read_unary<T: DeserializeOwned>(e2b: &E2b, req: Request<Incoming>) -> Result<T> {
     if is_stream(req.headers()) {
-        return Err(Error::BadRequest("this method is unary: send application/json".into()));
+        return Err(Error::BadRequest(
+            "this method is unary: send application/json".into(),
+        ));
     }
-    let kind = req.headers().get(CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let kind = req
+        .headers()
+        .get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
     if !kind.is_empty() && !kind.starts_with("application/json") {
         return Err(Error::Unsupported(format!(
             "content type {kind:?}: only the Connect JSON codec is served"
@@ -99,17 +117,23 @@ pub async fn read_unary<T: DeserializeOwned>(e2b: &E2b, req: Request<Incoming>) 
 }
 
 /// Reads a server-stream request: exactly one envelope.
-pub async fn read_stream_request<T: DeserializeOwned>(e2b: &E2b, req: Request<Incoming>) -> Result<T> {
+pub async fn read_stream_request<T: DeserializeOwned>(
+    e2b: &E2b,
+    req: Request<Incoming>,
+) -> Result<T> {
     if !is_stream(req.headers()) {
         return Err(Error::BadRequest(
             "this method is a server stream: send application/connect+json".into(),
         ));
     }
-    let mut buf = BytesMut::from(&read_capped(e2b, req.into_body(), MAX_REQUEST_MESSAGE + 5).await?[..]);
+    let mut buf =
+        BytesMut::from(&read_capped(e2b, req.into_body(), MAX_REQUEST_MESSAGE + 5).await?[..]);
     let env = envelope::decode(&mut buf, MAX_REQUEST_MESSAGE)?
         .ok_or_else(|| Error::BadRequest("the request envelope is cut short".into()))?;
     if !buf.is_empty() || env.flags != 0 {
-        return Err(Error::BadRequest("a server stream takes exactly one request message".into()));
+        return Err(Error::BadRequest(
+            "a server stream takes exactly one request message".into(),
+        ));
     }
     decode_message(&env.data)
 }
@@ -147,8 +171,10 @@ impl Stream {
     pub fn open() -> (Stream, Response<Body>) {
         let (tx, rx) = mpsc::channel(STREAM_QUEUE);
         let mut resp = Response::new(channel_body(rx));
-        resp.headers_mut()
-            .insert(CONTENT_TYPE, HeaderValue::from_static("application/connect+json"));
+        resp.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/connect+json"),
+        );
         (Stream { tx }, resp)
     }
 
@@ -164,7 +190,10 @@ impl Stream {
             Some(e) => json!({"error": error_json(e)}),
             None => json!({}),
         };
-        let _ = self.tx.send(Ok(envelope::encode(END_STREAM, end.to_string().as_bytes()))).await;
+        let _ = self
+            .tx
+            .send(Ok(envelope::encode(END_STREAM, end.to_string().as_bytes())))
+            .await;
     }
 
     /// Resolves when the client has gone.
@@ -177,5 +206,9 @@ impl Stream {
 /// "it was there".
 pub fn already_exists(message: &str) -> Response<Body> {
     let body = json!({"code": "already_exists", "message": message});
-    with_type(StatusCode::CONFLICT, "application/json", Bytes::from(body.to_string()))
+    with_type(
+        StatusCode::CONFLICT,
+        "application/json",
+        Bytes::from(body.to_string()),
+    )
 }

@@ -28,23 +28,41 @@ const MAX_PART_HEAD: usize = 16 * 1024;
 const MAX_PARTS: usize = 1000;
 
 /// `GET` or `POST /files`.
-pub(super) async fn files(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Response<Body>> {
-    let q = Query::parse(req.uri().query(), &["path", "username", "signature", "signature_expiration"])?;
+pub(super) async fn files(
+    e2b: &E2b,
+    sandbox: &Sandbox,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
+    let q = Query::parse(
+        req.uri().query(),
+        &["path", "username", "signature", "signature_expiration"],
+    )?;
     if q.get("signature").is_some() {
         return Err(Error::Unsupported("signed file URLs".into()));
     }
-    let user = q.get("username").filter(|u| !u.is_empty()).map(String::from);
+    let user = q
+        .get("username")
+        .filter(|u| !u.is_empty())
+        .map(String::from);
     match *req.method() {
         Method::GET => {
             let path = q.require("path")?;
-            let verb = Verb::FileRead(wf::FileRead { path, offset: 0, length: None, user });
+            let verb = Verb::FileRead(wf::FileRead {
+                path,
+                offset: 0,
+                length: None,
+                user,
+            });
             let (conn, first) = files::open(sandbox, verb).await?;
             let Answer::Stat(stat) = first else {
                 return Err(unexpected(&first));
             };
             let mut resp = Response::new(stream_data(conn, None));
             let headers = resp.headers_mut();
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/octet-stream"));
+            headers.insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static("application/octet-stream"),
+            );
             headers.insert(hyper::header::CONTENT_LENGTH, HeaderValue::from(stat.size));
             Ok(resp)
         }
@@ -56,7 +74,9 @@ pub(super) async fn files(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) 
                 .unwrap_or("")
                 .to_string();
             if req.headers().contains_key(hyper::header::CONTENT_ENCODING) {
-                return Err(Error::Unsupported("compressed uploads (Content-Encoding)".into()));
+                return Err(Error::Unsupported(
+                    "compressed uploads (Content-Encoding)".into(),
+                ));
             }
             let written = if kind.starts_with("application/octet-stream") {
                 let path = q.require("path")?;
@@ -85,7 +105,13 @@ fn written_json(path: &str) -> Value {
 
 async fn open_write(sandbox: &Sandbox, path: &str, user: Option<String>) -> Result<GuestConn> {
     let mut conn = files::connect(sandbox).await?;
-    let verb = Verb::FileWrite(wf::FileWrite { path: path.to_string(), mode: None, append: false, parents: true, user });
+    let verb = Verb::FileWrite(wf::FileWrite {
+        path: path.to_string(),
+        mode: None,
+        append: false,
+        parents: true,
+        user,
+    });
     conn.send(verb).await?;
     Ok(conn)
 }
@@ -99,7 +125,8 @@ fn boundary_of(kind: &str) -> Option<String> {
     params.split(';').find_map(|p| {
         let (k, v) = p.trim().split_once('=')?;
         let v = v.trim().trim_matches('"');
-        (k.eq_ignore_ascii_case("boundary") && !v.is_empty() && v.len() <= 200).then(|| v.to_string())
+        (k.eq_ignore_ascii_case("boundary") && !v.is_empty() && v.len() <= 200)
+            .then(|| v.to_string())
     })
 }
 
@@ -109,7 +136,9 @@ fn part_filename(head: &str) -> Result<Option<String>> {
         .split("\r\n")
         .find_map(|l| {
             let (k, v) = l.split_once(':')?;
-            k.trim().eq_ignore_ascii_case("content-disposition").then_some(v)
+            k.trim()
+                .eq_ignore_ascii_case("content-disposition")
+                .then_some(v)
         })
         .ok_or_else(|| Error::BadRequest("a multipart part has no Content-Disposition".into()))?;
     let param = |name: &str| {
@@ -175,7 +204,9 @@ async fn multipart(
                     state = State::Data(match part_filename(&head)? {
                         Some(path) => {
                             if written.len() == MAX_PARTS {
-                                return Err(Error::BadRequest(format!("more than {MAX_PARTS} files in one upload")));
+                                return Err(Error::BadRequest(format!(
+                                    "more than {MAX_PARTS} files in one upload"
+                                )));
                             }
                             let conn = open_write(sandbox, &path, user.clone()).await?;
                             Some((path, conn))
@@ -184,7 +215,9 @@ async fn multipart(
                     });
                     true
                 } else if buf.len() > MAX_PART_HEAD {
-                    return Err(Error::BadRequest("a multipart part's headers are too long".into()));
+                    return Err(Error::BadRequest(
+                        "a multipart part's headers are too long".into(),
+                    ));
                 } else {
                     false
                 }
@@ -220,7 +253,9 @@ async fn multipart(
             continue;
         }
         if eof {
-            return Err(Error::BadRequest("the multipart body ends before its closing delimiter".into()));
+            return Err(Error::BadRequest(
+                "the multipart body ends before its closing delimiter".into(),
+            ));
         }
         let frame = tokio::time::timeout(std::time::Duration::from_secs(seconds), body.frame())
             .await
@@ -239,7 +274,10 @@ async fn multipart(
 
 async fn send_data(conn: &mut GuestConn, data: Bytes) -> Result<()> {
     for chunk in data.chunks(DATA_CHUNK) {
-        conn.send(Verb::Data { data: chunk.to_vec() }).await?;
+        conn.send(Verb::Data {
+            data: chunk.to_vec(),
+        })
+        .await?;
     }
     Ok(())
 }
@@ -254,13 +292,22 @@ mod tests {
 
     #[test]
     fn content_types_and_part_heads() {
-        assert_eq!(boundary_of("multipart/form-data; boundary=abc").as_deref(), Some("abc"));
-        assert_eq!(boundary_of("multipart/form-data; boundary=\"a b\"").as_deref(), Some("a b"));
+        assert_eq!(
+            boundary_of("multipart/form-data; boundary=abc").as_deref(),
+            Some("abc")
+        );
+        assert_eq!(
+            boundary_of("multipart/form-data; boundary=\"a b\"").as_deref(),
+            Some("a b")
+        );
         assert_eq!(boundary_of("multipart/form-data"), None);
         assert_eq!(boundary_of("text/plain; boundary=x"), None);
         let head = "Content-Disposition: form-data; name=\"file\"; filename=\"/tmp/a b\"\r\nContent-Type: application/octet-stream";
         assert_eq!(part_filename(head).unwrap().as_deref(), Some("/tmp/a b"));
-        assert_eq!(part_filename("Content-Disposition: form-data; name=\"x\"").unwrap(), None);
+        assert_eq!(
+            part_filename("Content-Disposition: form-data; name=\"x\"").unwrap(),
+            None
+        );
         assert!(part_filename("Content-Disposition: form-data; name=\"file\"").is_err());
         assert!(part_filename("X: y").is_err());
     }

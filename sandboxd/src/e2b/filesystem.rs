@@ -145,13 +145,18 @@ fn entry_info(e: &FileEntry, path: &str) -> Value {
 }
 
 async fn stat_entry(sandbox: &Sandbox, path: &str) -> Result<Value> {
-    let verb = Verb::Stat(wf::PathArg { path: path.to_string(), user: None });
+    let verb = Verb::Stat(wf::PathArg {
+        path: path.to_string(),
+        user: None,
+    });
     Ok(entry_info(&files::stat_of(sandbox, verb).await?, path))
 }
 
 async fn stat(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Response<Body>> {
     let body: PathReq = connect::read_unary(e2b, req).await?;
-    Ok(connect::ok(json!({"entry": stat_entry(sandbox, &body.path).await?})))
+    Ok(connect::ok(
+        json!({"entry": stat_entry(sandbox, &body.path).await?}),
+    ))
 }
 
 async fn list(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Response<Body>> {
@@ -187,7 +192,12 @@ async fn make_dir(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Respo
             Err(Error::PathNotFound(_)) => {}
             Err(e) => return Err(e),
         }
-        let verb = Verb::Mkdir(wf::Mkdir { path: body.path.clone(), parents: true, mode: None, user: None });
+        let verb = Verb::Mkdir(wf::Mkdir {
+            path: body.path.clone(),
+            parents: true,
+            mode: None,
+            user: None,
+        });
         files::done(sandbox, verb).await?;
         Ok(Some(stat_entry(sandbox, &body.path).await?))
     };
@@ -200,14 +210,28 @@ async fn make_dir(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Respo
 
 async fn rename(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Response<Body>> {
     let body: MoveReq = connect::read_unary(e2b, req).await?;
-    let verb = Verb::Rename(wf::Rename { from: body.source, to: body.destination.clone(), user: None });
+    let verb = Verb::Rename(wf::Rename {
+        from: body.source,
+        to: body.destination.clone(),
+        user: None,
+    });
     files::done(sandbox, verb).await?;
-    Ok(connect::ok(json!({"entry": stat_entry(sandbox, &body.destination).await?})))
+    Ok(connect::ok(
+        json!({"entry": stat_entry(sandbox, &body.destination).await?}),
+    ))
 }
 
 async fn remove(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Response<Body>> {
     let body: PathReq = connect::read_unary(e2b, req).await?;
-    files::done(sandbox, Verb::Remove(wf::Remove { path: body.path, recursive: true, user: None })).await?;
+    files::done(
+        sandbox,
+        Verb::Remove(wf::Remove {
+            path: body.path,
+            recursive: true,
+            user: None,
+        }),
+    )
+    .await?;
     Ok(connect::ok(json!({})))
 }
 
@@ -238,11 +262,18 @@ fn events_of(dir: &str, e: FsEvent) -> Vec<Value> {
 
 /// Opens silkd's watch and waits until it is set (its first answer, a `stat`).
 async fn open_watch(sandbox: &Sandbox, req: &WatchReq) -> Result<crate::guest::GuestConn> {
-    let verb = Verb::Watch(wf::Watch { path: req.path.clone(), recursive: req.recursive, user: None });
+    let verb = Verb::Watch(wf::Watch {
+        path: req.path.clone(),
+        recursive: req.recursive,
+        user: None,
+    });
     let (conn, first) = files::open(sandbox, verb).await?;
     match first {
         Answer::Stat(e) if e.kind == FileKind::Dir => Ok(conn),
-        Answer::Stat(_) => Err(Error::BadRequest(format!("{} is not a directory", req.path))),
+        Answer::Stat(_) => Err(Error::BadRequest(format!(
+            "{} is not a directory",
+            req.path
+        ))),
         other => Err(unexpected(&other)),
     }
 }
@@ -277,7 +308,11 @@ async fn watch_dir(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Resu
     Ok(resp)
 }
 
-async fn create_watcher(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Response<Body>> {
+async fn create_watcher(
+    e2b: &E2b,
+    sandbox: &Sandbox,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
     let body: WatchReq = connect::read_unary(e2b, req).await?;
     let full = {
         let mut map = e2b.watchers.0.lock().expect("watchers lock");
@@ -308,26 +343,49 @@ async fn create_watcher(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) ->
     let mut raw = [0u8; 16];
     rand::RngCore::fill_bytes(&mut rand::rngs::OsRng, &mut raw);
     let id = hex::encode(raw);
-    let watcher = Watcher { sandbox: sandbox.id.clone(), events, task };
-    e2b.watchers.0.lock().expect("watchers lock").insert(id.clone(), watcher);
+    let watcher = Watcher {
+        sandbox: sandbox.id.clone(),
+        events,
+        task,
+    };
+    e2b.watchers
+        .0
+        .lock()
+        .expect("watchers lock")
+        .insert(id.clone(), watcher);
     Ok(connect::ok(json!({"watcherId": id})))
 }
 
-async fn watcher_events(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Response<Body>> {
+async fn watcher_events(
+    e2b: &E2b,
+    sandbox: &Sandbox,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
     let body: WatcherReq = connect::read_unary(e2b, req).await?;
     let map = e2b.watchers.0.lock().expect("watchers lock");
     let w = map
         .get(&body.watcher_id)
         .filter(|w| w.sandbox == sandbox.id)
         .ok_or(Error::NotFound)?;
-    let events: Vec<Value> = w.events.lock().expect("watcher events lock").drain(..).collect();
+    let events: Vec<Value> = w
+        .events
+        .lock()
+        .expect("watcher events lock")
+        .drain(..)
+        .collect();
     if events.is_empty() && w.task.is_finished() {
-        return Err(Error::Guest("the watch ended: the sandbox's agent closed it".into()));
+        return Err(Error::Guest(
+            "the watch ended: the sandbox's agent closed it".into(),
+        ));
     }
     Ok(connect::ok(json!({"events": events})))
 }
 
-async fn remove_watcher(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Response<Body>> {
+async fn remove_watcher(
+    e2b: &E2b,
+    sandbox: &Sandbox,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
     let body: WatcherReq = connect::read_unary(e2b, req).await?;
     let mut map = e2b.watchers.0.lock().expect("watchers lock");
     match map.get(&body.watcher_id) {

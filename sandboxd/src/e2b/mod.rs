@@ -239,8 +239,7 @@ fn rest_caller(e2b: &E2b, headers: &HeaderMap) -> Result<Caller> {
         .and_then(|v| v.to_str().ok())
         .ok_or(Error::Unauthorized)?;
     let mut as_bearer = HeaderMap::new();
-    let value =
-        HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| Error::Unauthorized)?;
+    let value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| Error::Unauthorized)?;
     as_bearer.insert(AUTHORIZATION, value);
     e2b.node.auth.identify(&as_bearer, &e2b.node.claims)
 }

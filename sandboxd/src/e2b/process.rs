@@ -146,7 +146,11 @@ async fn start(
     let pty = match body.pty {
         Some(p) => {
             let size = p.size.unwrap_or(PtySize { cols: 80, rows: 24 });
-            let pty = wire::Pty { rows: size.rows, cols: size.cols, term: None };
+            let pty = wire::Pty {
+                rows: size.rows,
+                cols: size.cols,
+                term: None,
+            };
             pty.check().map_err(Error::BadRequest)?;
             Some(pty)
         }
@@ -188,7 +192,12 @@ async fn attach(
 
 /// Sends `verb` (an exec or attach), waits for `started` (or the error that replaces
 /// it, answered as a stream that only ends), then streams events from a task.
-async fn follow(sandbox: &Sandbox, verb: Verb, pty: bool, keepalive: Duration) -> Result<Response<Body>> {
+async fn follow(
+    sandbox: &Sandbox,
+    verb: Verb,
+    pty: bool,
+    keepalive: Duration,
+) -> Result<Response<Body>> {
     let (mut conn, first) = files::open(sandbox, verb).await?;
     let Answer::Started { pid } = first else {
         return Err(unexpected(&first));
@@ -256,7 +265,10 @@ async fn list(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Re
         .into_iter()
         .filter(|p| p.state == wire::ProcState::Running)
         .map(|p| {
-            let (cmd, args) = p.argv.split_first().map_or((String::new(), &[][..]), |(c, a)| (c.clone(), a));
+            let (cmd, args) = p
+                .argv
+                .split_first()
+                .map_or((String::new(), &[][..]), |(c, a)| (c.clone(), a));
             json!({"pid": p.pid, "config": {"cmd": cmd, "args": args, "envs": {}}})
         })
         .collect();
@@ -277,7 +289,11 @@ async fn attach_and_send(sandbox: &Sandbox, pid: u32, frames: Vec<Verb>) -> Resu
     Ok(())
 }
 
-async fn send_input(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Response<Body>> {
+async fn send_input(
+    e2b: &E2b,
+    sandbox: &Sandbox,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
     let body: SendInput = connect::read_unary(e2b, req).await?;
     let pid = body.process.pid()?;
     let text = body
@@ -292,7 +308,11 @@ async fn send_input(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Res
     Ok(connect::ok(json!({})))
 }
 
-async fn close_stdin(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Response<Body>> {
+async fn close_stdin(
+    e2b: &E2b,
+    sandbox: &Sandbox,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
     let body: Selected = connect::read_unary(e2b, req).await?;
     attach_and_send(sandbox, body.process.pid()?, vec![Verb::StdinClose]).await?;
     Ok(connect::ok(json!({})))
@@ -306,7 +326,10 @@ async fn update(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<
         .and_then(|p| p.size)
         .ok_or_else(|| Error::BadRequest("pty.size is required".into()))?;
     wire::Pty::check_size(size.rows, size.cols).map_err(Error::BadRequest)?;
-    let resize = Verb::Resize { rows: size.rows, cols: size.cols };
+    let resize = Verb::Resize {
+        rows: size.rows,
+        cols: size.cols,
+    };
     attach_and_send(sandbox, pid, vec![resize]).await?;
     Ok(connect::ok(json!({})))
 }
@@ -319,7 +342,16 @@ async fn signal(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<
         "SIGNAL_SIGTERM" | "15" => libc::SIGTERM,
         other => return Err(Error::BadRequest(format!("unknown signal {other:?}"))),
     };
-    match files::open(sandbox, Verb::Kill { pid, signal: Some(signal) }).await?.1 {
+    match files::open(
+        sandbox,
+        Verb::Kill {
+            pid,
+            signal: Some(signal),
+        },
+    )
+    .await?
+    .1
+    {
         Answer::Done => Ok(connect::ok(json!({}))),
         other => Err(unexpected(&other)),
     }

@@ -51,9 +51,8 @@ pub fn put(store: &Store, id: &str, rec: &E2bRecord) -> Result<()> {
 /// Every recorded sandbox's facts, by id.
 pub fn all(store: &Store) -> Result<HashMap<String, E2bRecord>> {
     let rows = store.with(|c| {
-        let mut stmt = c.prepare(
-            "SELECT id, template_id, metadata, env_vars, started_ms FROM e2b_sandboxes",
-        )?;
+        let mut stmt =
+            c.prepare("SELECT id, template_id, metadata, env_vars, started_ms FROM e2b_sandboxes")?;
         let rows = stmt.query_map([], |r| {
             Ok((
                 r.get::<_, String>(0)?,
@@ -126,7 +125,8 @@ pub fn secret(store: &Store) -> Result<[u8; 32]> {
         .optional()
     })?;
     if let Some(hexed) = have {
-        let raw = hex::decode(hexed.trim()).map_err(|e| Error::Config(format!("{SECRET_KEY}: {e}")))?;
+        let raw =
+            hex::decode(hexed.trim()).map_err(|e| Error::Config(format!("{SECRET_KEY}: {e}")))?;
         return raw
             .try_into()
             .map_err(|_| Error::Config(format!("{SECRET_KEY} is not 32 bytes")));
@@ -157,7 +157,10 @@ fn hmac_sha256(key: &[u8; 32], msg: &[u8]) -> [u8; 32] {
     let mut block = [0u8; 64];
     block[..32].copy_from_slice(key);
     let pad = |b: u8| block.map(|k| k ^ b);
-    let inner = Sha256::new().chain_update(pad(0x36)).chain_update(msg).finalize();
+    let inner = Sha256::new()
+        .chain_update(pad(0x36))
+        .chain_update(msg)
+        .finalize();
     Sha256::new()
         .chain_update(pad(0x5c))
         .chain_update(inner)
@@ -201,7 +204,10 @@ mod tests {
         let store = Store::open(dir.path()).unwrap();
         assert_eq!(secret(&store).unwrap(), s1);
         let got = get(&store, "sb-1").unwrap().unwrap();
-        assert_eq!((got.metadata, got.env_vars, got.started_ms), (rec.metadata, rec.env_vars, 7));
+        assert_eq!(
+            (got.metadata, got.env_vars, got.started_ms),
+            (rec.metadata, rec.env_vars, 7)
+        );
         store.delete_claim("sb-1").unwrap();
         assert!(get(&store, "sb-1").unwrap().is_none());
         assert!(all(&store).unwrap().is_empty());

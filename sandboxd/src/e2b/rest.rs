@@ -145,7 +145,9 @@ async fn create(e2b: &E2b, tenant: Option<&str>, req: Request<Incoming>) -> Resu
         return refuse("autoPause: pause lands with hibernate");
     }
     if body.allow_internet_access == Some(true) || body.network.is_some() {
-        return refuse("internet access and network settings: sandboxes on this node have no network");
+        return refuse(
+            "internet access and network settings: sandboxes on this node have no network",
+        );
     }
     if body.mcp.is_some() {
         return refuse("MCP gateways");
@@ -155,7 +157,9 @@ async fn create(e2b: &E2b, tenant: Option<&str>, req: Request<Incoming>) -> Resu
     }
     for (k, v) in body.metadata.iter().chain(&body.env_vars) {
         if k.len() + v.len() > 64 * 1024 {
-            return Err(Error::BadRequest(format!("metadata or env var {k:?} is too long")));
+            return Err(Error::BadRequest(format!(
+                "metadata or env var {k:?} is too long"
+            )));
         }
     }
     let template = e2b.config.template(&body.template_id).to_string();
@@ -236,14 +240,29 @@ fn row(e2b: &E2b, sandbox: &Sandbox, rec: &E2bRecord, with_token: bool) -> Value
 /// `GET /v2/sandboxes?metadata=k%3Dv&state=running,paused&limit=N&nextToken=ID`: the
 /// caller's sandboxes in id order, `x-next-token` when more follow.
 fn list(e2b: &E2b, tenant: Option<&str>, query: Option<&str>) -> Result<Response<Body>> {
-    let known = ["metadata", "state", "limit", "nextToken", "order", "startedAfter", "template"];
+    let known = [
+        "metadata",
+        "state",
+        "limit",
+        "nextToken",
+        "order",
+        "startedAfter",
+        "template",
+    ];
     let q = Query::parse(query, &known)?;
     let mut wanted = Vec::new();
-    for pair in q.get("metadata").unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+    for pair in q
+        .get("metadata")
+        .unwrap_or("")
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
         wanted.push((decode(k)?, decode(v)?));
     }
-    let states: Vec<&str> = q.get("state").map_or(vec!["running", "paused"], |s| s.split(',').collect());
+    let states: Vec<&str> = q
+        .get("state")
+        .map_or(vec!["running", "paused"], |s| s.split(',').collect());
     let limit = match q.get("limit") {
         Some(l) => l
             .parse::<usize>()
@@ -260,9 +279,7 @@ fn list(e2b: &E2b, tenant: Option<&str>, query: Option<&str>) -> Result<Response
     let mut more = false;
     for s in sandboxes.iter().filter(|s| s.id.as_str() > after) {
         let rec = records.get(&s.id).cloned().unwrap_or_default();
-        let matches = wanted
-            .iter()
-            .all(|(k, v)| rec.metadata.get(k) == Some(v))
+        let matches = wanted.iter().all(|(k, v)| rec.metadata.get(k) == Some(v))
             && states.contains(&lifecycle::state(s));
         if !matches {
             continue;
@@ -303,7 +320,11 @@ async fn read_json<T: serde::de::DeserializeOwned>(e2b: &E2b, req: Request<Incom
         }
     })?
     .to_bytes();
-    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &bytes };
+    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
+        b"{}"
+    } else {
+        &bytes
+    };
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(Error::BadRequest("the body must be a JSON object".into()));
     }
