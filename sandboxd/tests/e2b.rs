@@ -1,11 +1,16 @@
 //! The official E2B Python SDK (pinned in `e2b/requirements.txt`, installed by `cargo
 //! xtask deps`) against a real sandboxd: process engine, the `default` template aliased
 //! as E2B's `base`, `[e2b]` on. The pytest suites under `e2b/tests/` hold the scenarios
-//! (sync client, then async client); this test starts the node, runs them, and checks
-//! that every sandbox they created was killed.
+//! (sync client, then async client, hostile requests among them); this test starts the
+//! node, runs them, and checks that every sandbox they created was killed and that the
+//! host is back where it started (processes, sandbox dirs, sockets, cgroups).
+
+use std::time::Duration;
 
 use testkit::e2b::{config_section, free_port, pytest};
 use testkit::images::template_image;
+use testkit::leftovers::Census;
+use testkit::setup::uid_range;
 use testkit::{wait_until, Daemon, Setup, ROOT, TENANT_A};
 
 async fn node() -> (Daemon, u16) {
@@ -30,7 +35,7 @@ async fn node() -> (Daemon, u16) {
     let daemon = Daemon::start(setup).await;
     let health = format!("127.0.0.1:{port}").parse().unwrap();
     wait_until(
-        std::time::Duration::from_secs(30),
+        Duration::from_secs(30),
         "the e2b listener answers",
         async || {
             testkit::try_call(testkit::Endpoint::Tcp(health), "GET", "/health", None, None)
@@ -55,23 +60,27 @@ async fn suite(port: u16, file: &'static str) {
     assert!(out.status.success(), "pytest {file} failed:\n{text}");
 }
 
-async fn no_sandboxes_left(daemon: &Daemon) {
+/// Runs one suite file and checks what it left.
+async fn scenarios(file: &'static str) {
+    let (daemon, port) = node().await;
+    daemon
+        .wait_pool(Duration::from_secs(30), "1 warm", |p| p["warm"] == 1)
+        .await;
+    let census = Census::new(&daemon.dir, uid_range(&daemon.dir));
+    let before = census.count();
+    suite(port, file).await;
     let r = daemon.call("GET", "/v1/sandboxes", Some(ROOT), None).await;
     assert_eq!(r.json()["sandboxes"], serde_json::json!([]), "left behind");
+    census.wait_back_to(&before).await;
+    daemon.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn official_sdk_sync_client() {
-    let (daemon, port) = node().await;
-    suite(port, "test_sync.py").await;
-    no_sandboxes_left(&daemon).await;
-    daemon.stop().await;
+    scenarios("test_sync.py").await;
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn official_sdk_async_client() {
-    let (daemon, port) = node().await;
-    suite(port, "test_async.py").await;
-    no_sandboxes_left(&daemon).await;
-    daemon.stop().await;
+    scenarios("test_async.py").await;
 }
