@@ -107,6 +107,11 @@ def test_env_vars_and_cwd():
         )
         assert r.stdout == "c1 r1\n/tmp\n"
         assert sbx.commands.run("whoami").stdout == "user\n"
+        # `user=` (sent as Basic auth) picks who runs and who writes.
+        assert sbx.commands.run("whoami", user="root").stdout == "root\n"
+        sbx.files.write("/root/only-root.txt", "r", user="root")
+        assert sbx.files.read("/root/only-root.txt", user="root") == "r"
+        assert sbx.commands.run("stat -c %U /root/only-root.txt", user="root").stdout == "root\n"
     finally:
         sbx.kill()
 
@@ -216,7 +221,7 @@ def test_pty_create_input_resize_kill(sandbox):
 
     def wait_for(text):
         with seen:
-            assert seen.wait_for(lambda: text in out, 60), bytes(out)
+            assert seen.wait_for(lambda: text in out, 60), repr(bytes(out))
 
     t = threading.Thread(target=follow, daemon=True)
     t.start()
@@ -228,7 +233,19 @@ def test_pty_create_input_resize_kill(sandbox):
     sandbox.pty.resize(term.pid, PtySize(rows=40, cols=100))
     sandbox.pty.send_stdin(term.pid, b"stty size\n")
     wait_for(b"40 100")
+    # A second client connects to the same terminal and sees its output as pty data.
+    again = bytearray()
+    joined = sandbox.pty.connect(term.pid)
+    t2 = threading.Thread(
+        target=lambda: pytest.raises(CommandExitException, joined.wait, on_pty=again.extend),
+        daemon=True,
+    )
+    t2.start()
+    sandbox.pty.send_stdin(term.pid, b"echo via$((1+1))connect\n")
+    wait_for(b"via2connect")
     assert sandbox.pty.kill(term.pid) is True
+    t2.join(60)
+    assert b"via2connect" in again
     t.join(60)
     assert not t.is_alive()
 

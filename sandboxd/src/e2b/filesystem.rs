@@ -17,7 +17,7 @@ use wire::{Request as Verb, Response as Answer};
 
 use super::connect::{self, Stream};
 use super::rest::rfc3339;
-use super::E2b;
+use super::{E2b, User};
 use crate::api::Body;
 use crate::claims::Sandbox;
 use crate::error::{Error, Result};
@@ -88,14 +88,18 @@ pub(super) async fn call(
     req: Request<Incoming>,
 ) -> Response<Body> {
     let stream = connect::is_stream(req.headers());
+    let user = match super::basic_user(req.headers()) {
+        Ok(u) => u,
+        Err(e) => return connect::error_response(&e, stream),
+    };
     let answer = match method {
-        "Stat" => stat(e2b, &sandbox, req).await,
-        "ListDir" => list(e2b, &sandbox, req).await,
-        "MakeDir" => return make_dir(e2b, &sandbox, req).await,
-        "Move" => rename(e2b, &sandbox, req).await,
-        "Remove" => remove(e2b, &sandbox, req).await,
-        "WatchDir" => watch_dir(e2b, &sandbox, req).await,
-        "CreateWatcher" => create_watcher(e2b, &sandbox, req).await,
+        "Stat" => stat(e2b, &sandbox, &user, req).await,
+        "ListDir" => list(e2b, &sandbox, &user, req).await,
+        "MakeDir" => return make_dir(e2b, &sandbox, &user, req).await,
+        "Move" => rename(e2b, &sandbox, &user, req).await,
+        "Remove" => remove(e2b, &sandbox, &user, req).await,
+        "WatchDir" => watch_dir(e2b, &sandbox, &user, req).await,
+        "CreateWatcher" => create_watcher(e2b, &sandbox, &user, req).await,
         "GetWatcherEvents" => watcher_events(e2b, &sandbox, req).await,
         "RemoveWatcher" => remove_watcher(e2b, &sandbox, req).await,
         _ => Err(Error::NotFound),
@@ -144,27 +148,37 @@ fn entry_info(e: &FileEntry, path: &str) -> Value {
     v
 }
 
-async fn stat_entry(sandbox: &Sandbox, path: &str) -> Result<Value> {
+async fn stat_entry(sandbox: &Sandbox, user: &User, path: &str) -> Result<Value> {
     let verb = Verb::Stat(wf::PathArg {
         path: path.to_string(),
-        user: None,
+        user: user.clone(),
     });
     Ok(entry_info(&files::stat_of(sandbox, verb).await?, path))
 }
 
-async fn stat(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Response<Body>> {
+async fn stat(
+    e2b: &E2b,
+    sandbox: &Sandbox,
+    user: &User,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
     let body: PathReq = connect::read_unary(e2b, req).await?;
     Ok(connect::ok(
-        json!({"entry": stat_entry(sandbox, &body.path).await?}),
+        json!({"entry": stat_entry(sandbox, user, &body.path).await?}),
     ))
 }
 
-async fn list(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Response<Body>> {
+async fn list(
+    e2b: &E2b,
+    sandbox: &Sandbox,
+    user: &User,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
     let body: ListReq = connect::read_unary(e2b, req).await?;
     let verb = Verb::List(wf::List {
         path: body.path.clone(),
         depth: body.depth.max(1),
-        user: None,
+        user: user.clone(),
     });
     let (mut conn, mut frame) = files::open(sandbox, verb).await?;
     let mut entries = Vec::new();
@@ -184,10 +198,15 @@ async fn list(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Re
 }
 
 /// `mkdir -p`, answered `already_exists` when the path is there (the SDK returns False).
-async fn make_dir(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Response<Body> {
+async fn make_dir(
+    e2b: &E2b,
+    sandbox: &Sandbox,
+    user: &User,
+    req: Request<Incoming>,
+) -> Response<Body> {
     let run = async {
         let body: PathReq = connect::read_unary(e2b, req).await?;
-        match stat_entry(sandbox, &body.path).await {
+        match stat_entry(sandbox, user, &body.path).await {
             Ok(_) => return Ok(None),
             Err(Error::PathNotFound(_)) => {}
             Err(e) => return Err(e),
@@ -196,10 +215,10 @@ async fn make_dir(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Respo
             path: body.path.clone(),
             parents: true,
             mode: None,
-            user: None,
+            user: user.clone(),
         });
         files::done(sandbox, verb).await?;
-        Ok(Some(stat_entry(sandbox, &body.path).await?))
+        Ok(Some(stat_entry(sandbox, user, &body.path).await?))
     };
     match run.await {
         Ok(Some(entry)) => connect::ok(json!({"entry": entry})),
@@ -208,27 +227,37 @@ async fn make_dir(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Respo
     }
 }
 
-async fn rename(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Response<Body>> {
+async fn rename(
+    e2b: &E2b,
+    sandbox: &Sandbox,
+    user: &User,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
     let body: MoveReq = connect::read_unary(e2b, req).await?;
     let verb = Verb::Rename(wf::Rename {
         from: body.source,
         to: body.destination.clone(),
-        user: None,
+        user: user.clone(),
     });
     files::done(sandbox, verb).await?;
     Ok(connect::ok(
-        json!({"entry": stat_entry(sandbox, &body.destination).await?}),
+        json!({"entry": stat_entry(sandbox, user, &body.destination).await?}),
     ))
 }
 
-async fn remove(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Response<Body>> {
+async fn remove(
+    e2b: &E2b,
+    sandbox: &Sandbox,
+    user: &User,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
     let body: PathReq = connect::read_unary(e2b, req).await?;
     files::done(
         sandbox,
         Verb::Remove(wf::Remove {
             path: body.path,
             recursive: true,
-            user: None,
+            user: user.clone(),
         }),
     )
     .await?;
@@ -261,11 +290,15 @@ fn events_of(dir: &str, e: FsEvent) -> Vec<Value> {
 }
 
 /// Opens silkd's watch and waits until it is set (its first answer, a `stat`).
-async fn open_watch(sandbox: &Sandbox, req: &WatchReq) -> Result<crate::guest::GuestConn> {
+async fn open_watch(
+    sandbox: &Sandbox,
+    user: &User,
+    req: &WatchReq,
+) -> Result<crate::guest::GuestConn> {
     let verb = Verb::Watch(wf::Watch {
         path: req.path.clone(),
         recursive: req.recursive,
-        user: None,
+        user: user.clone(),
     });
     let (conn, first) = files::open(sandbox, verb).await?;
     match first {
@@ -278,9 +311,14 @@ async fn open_watch(sandbox: &Sandbox, req: &WatchReq) -> Result<crate::guest::G
     }
 }
 
-async fn watch_dir(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Response<Body>> {
+async fn watch_dir(
+    e2b: &E2b,
+    sandbox: &Sandbox,
+    user: &User,
+    req: Request<Incoming>,
+) -> Result<Response<Body>> {
     let body: WatchReq = connect::read_stream_request(e2b, req).await?;
-    let mut conn = open_watch(sandbox, &body).await?;
+    let mut conn = open_watch(sandbox, user, &body).await?;
     let (out, resp) = Stream::open();
     tokio::spawn(async move {
         if !out.send(json!({"start": {}})).await {
@@ -311,6 +349,7 @@ async fn watch_dir(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Resu
 async fn create_watcher(
     e2b: &E2b,
     sandbox: &Sandbox,
+    user: &User,
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
     let body: WatchReq = connect::read_unary(e2b, req).await?;
@@ -326,7 +365,7 @@ async fn create_watcher(
             retry_after: 1,
         });
     }
-    let mut conn = open_watch(sandbox, &body).await?;
+    let mut conn = open_watch(sandbox, user, &body).await?;
     let events = Arc::new(Mutex::new(VecDeque::new()));
     let sink = events.clone();
     let task = tokio::spawn(async move {

@@ -67,6 +67,10 @@ pub struct E2b {
     config: E2bConfig,
     secret: [u8; 32],
     watchers: filesystem::Watchers,
+    /// Commands started under a terminal, by sandbox and pid: `Connect` to one sends its
+    /// output as `pty` data, as E2B's agent does. In memory only (after a restart such a
+    /// command's output comes as `stdout`).
+    ptys: std::sync::Mutex<std::collections::HashSet<(String, u32)>>,
 }
 
 /// The running listener; [`Listening::stop`] ends it.
@@ -98,6 +102,7 @@ pub async fn start(node: Arc<Node>, config: &E2bConfig) -> Result<Listening> {
         secret: record::secret(&node.store)?,
         config: config.clone(),
         watchers: filesystem::Watchers::default(),
+        ptys: Default::default(),
         node,
     });
     let stop = CancellationToken::new();
@@ -230,6 +235,34 @@ fn agent_sandbox(e2b: &E2b, headers: &HeaderMap) -> Result<Arc<Sandbox>> {
         return Err(Error::Unauthorized);
     }
     lifecycle::running(e2b, id)
+}
+
+/// Who an agent call runs as: the SDK's `user=` arrives as `Authorization: Basic
+/// base64("<user>:")`; without it, the template's user (the agent version we advertise
+/// lets the server decide).
+type User = Option<String>;
+
+fn basic_user(headers: &HeaderMap) -> Result<User> {
+    use base64::Engine as _;
+    let Some(value) = headers.get(AUTHORIZATION) else {
+        return Ok(None);
+    };
+    let bad = || Error::BadRequest("Authorization must be Basic base64(\"<user>:\")".into());
+    let text = value.to_str().map_err(|_| bad())?;
+    let (scheme, b64) = text.split_once(' ').ok_or_else(bad)?;
+    if !scheme.eq_ignore_ascii_case("basic") {
+        return Err(bad());
+    }
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(b64.trim())
+        .map_err(|_| bad())?;
+    let pair = String::from_utf8(raw).map_err(|_| bad())?;
+    let user = pair.split_once(':').map_or(pair.as_str(), |(u, _)| u);
+    match user {
+        "" => Ok(None),
+        u if u.len() <= 64 => Ok(Some(u.to_string())),
+        _ => Err(bad()),
+    }
 }
 
 /// Who `X-API-KEY` is (the native tokens: root or a tenant's).

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use base64::Engine as _;
-use futures::SinkExt;
+use futures::{SinkExt, StreamExt};
 use hyper::body::Incoming;
 use hyper::{Request, Response};
 use serde::Deserialize;
@@ -24,6 +24,9 @@ use crate::error::{Error, Result};
 use crate::files::{self, unexpected};
 use crate::guest::GuestConn;
 
+/// Bound on handing input to a command (silkd takes it once the command's retained output
+/// was replayed, which a command writing without pause can delay).
+const DELIVER_WITHIN: Duration = Duration::from_secs(10);
 /// Keepalive interval when the client names none (`Keepalive-Ping-Interval`, seconds).
 const KEEPALIVE: Duration = Duration::from_secs(30);
 
@@ -139,6 +142,8 @@ async fn start(
     req: Request<Incoming>,
     keepalive: Duration,
 ) -> Result<Response<Body>> {
+    let headers = req.headers().clone();
+    let headers = &headers;
     let body: StartRequest = connect::read_stream_request(e2b, req).await?;
     if body.tag.is_some() {
         return Err(Error::Unsupported("process tags".into()));
@@ -168,13 +173,19 @@ async fn start(
         argv,
         cwd: body.process.cwd.filter(|c| !c.is_empty()),
         env: Some(env.into_iter().collect()),
-        user: None,
+        user: super::basic_user(headers)?,
         stdin: body.stdin.unwrap_or(false) || is_pty,
         timeout_ms: None,
         pty,
         detach: true,
     };
-    follow(&sandbox, verb, is_pty, keepalive).await
+    let (resp, pid) = follow(&sandbox, verb, is_pty, keepalive).await?;
+    if is_pty {
+        let mut ptys = e2b.ptys.lock().expect("ptys lock");
+        ptys.retain(|(id, _)| e2b.node.claims.get(id).is_some());
+        ptys.insert((sandbox.id.clone(), pid));
+    }
+    Ok(resp)
 }
 
 async fn attach(
@@ -186,8 +197,14 @@ async fn attach(
     let body: Selected = connect::read_stream_request(e2b, req).await?;
     let pid = body.process.pid()?;
     // Whether it runs under a terminal decides which field its output goes in.
-    let is_pty = false;
-    follow(&sandbox, Verb::Attach { pid }, is_pty, keepalive).await
+    let is_pty = e2b
+        .ptys
+        .lock()
+        .expect("ptys lock")
+        .contains(&(sandbox.id.clone(), pid));
+    Ok(follow(&sandbox, Verb::Attach { pid }, is_pty, keepalive)
+        .await?
+        .0)
 }
 
 /// Sends `verb` (an exec or attach), waits for `started` (or the error that replaces
@@ -197,7 +214,7 @@ async fn follow(
     verb: Verb,
     pty: bool,
     keepalive: Duration,
-) -> Result<Response<Body>> {
+) -> Result<(Response<Body>, u32)> {
     let (mut conn, first) = files::open(sandbox, verb).await?;
     let Answer::Started { pid } = first else {
         return Err(unexpected(&first));
@@ -211,7 +228,7 @@ async fn follow(
         // Dropping `conn` leaves a detached command running, as E2B does when a client
         // disconnects.
     });
-    Ok(resp)
+    Ok((resp, pid))
 }
 
 /// Turns silkd's frames into events until `exit` (Ok) or a failure; returns early,
@@ -275,7 +292,11 @@ async fn list(e2b: &E2b, sandbox: &Sandbox, req: Request<Incoming>) -> Result<Re
     Ok(connect::ok(json!({"processes": processes})))
 }
 
-/// Attaches to `pid`, sends `frames`, and leaves (the command keeps running).
+/// Attaches to `pid`, sends `frames`, and leaves once silkd has taken them (the command
+/// keeps running). Why the drain: silkd reads an attached client's frames only after it
+/// has replayed the command's retained output to it, so leaving at once would let the
+/// frames be dropped with the connection. Half-closing and reading to the end lets silkd
+/// replay, take the frames, see the end of input and close.
 async fn attach_and_send(sandbox: &Sandbox, pid: u32, frames: Vec<Verb>) -> Result<()> {
     let (mut conn, first) = files::open(sandbox, Verb::Attach { pid }).await?;
     if !matches!(first, Answer::Started { .. }) {
@@ -284,9 +305,19 @@ async fn attach_and_send(sandbox: &Sandbox, pid: u32, frames: Vec<Verb>) -> Resu
     for f in frames {
         conn.send(f).await?;
     }
-    // Frames are read in order, so silkd has taken them before it sees us leave.
     conn.close().await?;
-    Ok(())
+    let drained = tokio::time::timeout(DELIVER_WITHIN, async {
+        while let Some(frame) = conn.next().await {
+            frame?;
+        }
+        Ok::<_, Error>(())
+    });
+    match drained.await {
+        Ok(r) => r,
+        Err(_) => Err(Error::Timeout {
+            seconds: DELIVER_WITHIN.as_secs_f64(),
+        }),
+    }
 }
 
 async fn send_input(
