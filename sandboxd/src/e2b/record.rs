@@ -50,10 +50,21 @@ pub fn put(store: &Store, id: &str, rec: &E2bRecord) -> Result<()> {
 
 /// Every recorded sandbox's facts, by id.
 pub fn all(store: &Store) -> Result<HashMap<String, E2bRecord>> {
+    select(store, None)
+}
+
+/// One sandbox's facts; `None` for a sandbox claimed through the native API.
+pub fn get(store: &Store, id: &str) -> Result<Option<E2bRecord>> {
+    Ok(select(store, Some(id))?.remove(id))
+}
+
+fn select(store: &Store, id: Option<&str>) -> Result<HashMap<String, E2bRecord>> {
     let rows = store.with(|c| {
-        let mut stmt =
-            c.prepare("SELECT id, template_id, metadata, env_vars, started_ms FROM e2b_sandboxes")?;
-        let rows = stmt.query_map([], |r| {
+        let mut stmt = c.prepare(
+            "SELECT id, template_id, metadata, env_vars, started_ms FROM e2b_sandboxes
+             WHERE ?1 IS NULL OR id = ?1",
+        )?;
+        let rows = stmt.query_map([id], |r| {
             Ok((
                 r.get::<_, String>(0)?,
                 r.get::<_, String>(1)?,
@@ -69,6 +80,8 @@ pub fn all(store: &Store) -> Result<HashMap<String, E2bRecord>> {
         .map(|(id, template_id, metadata, env, started)| {
             let rec = E2bRecord {
                 template_id,
+                // Written by `put` from string maps; a damaged row reads as empty rather
+                // than hiding the sandbox.
                 metadata: serde_json::from_str(&metadata).unwrap_or_default(),
                 env_vars: serde_json::from_str(&env).unwrap_or_default(),
                 started_ms: started.max(0) as u64,
@@ -76,42 +89,6 @@ pub fn all(store: &Store) -> Result<HashMap<String, E2bRecord>> {
             (id, rec)
         })
         .collect())
-}
-
-/// One sandbox's facts; `None` for a sandbox claimed through the native API.
-pub fn get(store: &Store, id: &str) -> Result<Option<E2bRecord>> {
-    Ok(all_where(store, id)?.remove(id))
-}
-
-fn all_where(store: &Store, id: &str) -> Result<HashMap<String, E2bRecord>> {
-    let row = store.with(|c| {
-        c.query_row(
-            "SELECT template_id, metadata, env_vars, started_ms FROM e2b_sandboxes WHERE id = ?1",
-            [id],
-            |r| {
-                Ok((
-                    r.get::<_, String>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, i64>(3)?,
-                ))
-            },
-        )
-        .optional()
-    })?;
-    let mut out = HashMap::new();
-    if let Some((template_id, metadata, env, started)) = row {
-        out.insert(
-            id.to_string(),
-            E2bRecord {
-                template_id,
-                metadata: serde_json::from_str(&metadata).unwrap_or_default(),
-                env_vars: serde_json::from_str(&env).unwrap_or_default(),
-                started_ms: started.max(0) as u64,
-            },
-        );
-    }
-    Ok(out)
 }
 
 /// The node's E2B secret: read from the database, or made and stored on first use.
