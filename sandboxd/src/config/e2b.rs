@@ -51,3 +51,33 @@ impl E2bConfig {
             .unwrap_or(e2b_name)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn templates() -> BTreeMap<String, TemplateConfig> {
+        let t: TemplateConfig = toml::from_str("rootfs = \"/srv/rootfs\"").unwrap();
+        [("default".to_string(), t)].into()
+    }
+
+    #[test]
+    fn aliases_and_listen_are_checked() {
+        let ok: E2bConfig = toml::from_str(
+            "listen = \"127.0.0.1:3000\"\ntemplate_aliases = { base = \"default\" }",
+        )
+        .unwrap();
+        ok.validate(&templates()).unwrap();
+        assert_eq!(
+            (ok.template("base"), ok.template("default")),
+            ("default", "default")
+        );
+        let dangling: E2bConfig =
+            toml::from_str("listen = \"127.0.0.1:3000\"\ntemplate_aliases = { base = \"nope\" }")
+                .unwrap();
+        assert!(dangling.validate(&templates()).is_err());
+        let unix: E2bConfig = toml::from_str("listen = \"unix:/run/x.sock\"").unwrap();
+        assert!(unix.validate(&templates()).is_err());
+        assert!(toml::from_str::<E2bConfig>("listen = \"127.0.0.1:1\"\nextra = 1").is_err());
+    }
+}
