@@ -33,18 +33,22 @@ async fn node() -> (Daemon, u16) {
         ..setup
     };
     let daemon = Daemon::start(setup).await;
-    let health = format!("127.0.0.1:{port}").parse().unwrap();
+    listening(format!("127.0.0.1:{port}").parse().unwrap()).await;
+    (daemon, port)
+}
+
+/// Waits until the E2B listener answers its liveness check.
+async fn listening(addr: std::net::SocketAddr) {
     wait_until(
         Duration::from_secs(30),
         "the e2b listener answers",
         async || {
-            testkit::try_call(testkit::Endpoint::Tcp(health), "GET", "/health", None, None)
+            testkit::try_call(testkit::Endpoint::Tcp(addr), "GET", "/health", None, None)
                 .await
                 .is_ok_and(|r| r.status == 204)
         },
     )
     .await;
-    (daemon, port)
 }
 
 async fn suite(port: u16, file: &'static str) {
@@ -83,4 +87,61 @@ async fn official_sdk_sync_client() {
 #[tokio::test(flavor = "multi_thread")]
 async fn official_sdk_async_client() {
     scenarios("test_async.py").await;
+}
+
+/// What the E2B surface keeps with a claim survives a restart that keeps sandboxes: the
+/// metadata (filterable), the env vars, and the access token (from the node secret).
+#[tokio::test(flavor = "multi_thread")]
+async fn records_survive_a_restart() {
+    use testkit::files_http::call_bytes;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let setup = Setup {
+        on_stop: "keep",
+        ..Setup::sdk()
+    };
+    let setup = Setup {
+        tail: config_section(port, &setup.template()),
+        ..setup
+    };
+    let addr: std::net::SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let key = [
+        ("x-api-key", TENANT_A),
+        ("content-type", "application/json"),
+    ];
+    let daemon = Daemon::start_in(dir.path(), &setup).await;
+    listening(addr).await;
+    let body =
+        br#"{"templateID":"base","metadata":{"k":"v 1"},"envVars":{"E":"e1"},"timeout":300}"#;
+    let r = call_bytes(addr, "POST", "/v2/sandboxes", "", &key, body.to_vec()).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let created = r.json();
+    let id = created["sandboxID"].as_str().unwrap().to_string();
+    daemon.stop().await;
+
+    let daemon = Daemon::start_in(dir.path(), &setup).await;
+    listening(addr).await;
+    // The SDK's filter: `metadata=` holds `k=v` pairs, each side percent-encoded again.
+    let query = "/v2/sandboxes?metadata=k%3Dv%25201";
+    let list = call_bytes(addr, "GET", query, "", &key, vec![])
+        .await
+        .json();
+    assert_eq!(list[0]["sandboxID"], id.as_str(), "{list}");
+    assert_eq!(list[0]["metadata"]["k"], "v 1");
+    let path = format!("/v2/sandboxes/{id}/connect");
+    let r = call_bytes(addr, "POST", &path, "", &key, b"{}".to_vec()).await;
+    assert_eq!(r.json()["envdAccessToken"], created["envdAccessToken"]);
+    let r = call_bytes(
+        addr,
+        "DELETE",
+        &format!("/sandboxes/{id}"),
+        "",
+        &key,
+        vec![],
+    )
+    .await;
+    assert_eq!(r.status, 204);
+    let r = call_bytes(addr, "GET", "/v2/sandboxes", "", &key, vec![]).await;
+    assert_eq!(r.json(), serde_json::json!([]));
+    daemon.stop().await;
 }
