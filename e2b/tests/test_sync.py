@@ -290,6 +290,16 @@ def test_hostile_and_wrong_credentials(sandbox):
             headers={"X-API-KEY": os.environ["E2B_API_KEY"]},
         )
         assert r.status_code == 501, r.text
+        key = {"X-API-KEY": os.environ["E2B_API_KEY"]}
+        r = c.post("/v2/sandboxes", content=b"[]", headers=key)
+        assert r.status_code == 400 and r.json()["code"] == 400
+        # Refused before it is all read, so the connection closes after the answer.
+        with httpx.Client(base_url=url) as once:
+            big = b"{" + b" " * (2 << 20) + b"}"
+            r = once.post("/v2/sandboxes", content=big, headers=key)
+        assert r.status_code == 413 and r.json()["code"] == 413
+        r = c.post("/sandboxes/nope/pause", headers=key)
+        assert r.status_code == 404 and r.json()["code"] == 404
     # Through the SDK's own agent client: real token, hostile bodies.
     envd = sandbox._envd_api
     bad = [
@@ -322,4 +332,30 @@ def test_hostile_and_wrong_credentials(sandbox):
         headers={"Content-Type": "multipart/form-data; boundary=xx", "E2b-Sandbox-Id": sid},
     )
     assert r.status_code == 400 and r.json()["code"] == 400
+    r = envd.post(
+        "/files",
+        content=b"x" * (4 << 20),
+        headers={"Content-Type": "multipart/form-data; boundary=never", "E2b-Sandbox-Id": sid},
+    )
+    assert r.status_code == 400 and "closing delimiter" in r.json()["message"]
+    r = envd.post(
+        "/process.Process/SendSignal",
+        json={"process": {"pid": 1}, "signal": "SIGNAL_SIGSTOP"},
+        headers={"E2b-Sandbox-Id": sid},
+    )
+    assert r.status_code == 400 and r.json()["code"] == "invalid_argument"
+    start = b'{"process":{"cmd":"true"},"pty":{"size":{"rows":0,"cols":80}}}'
+    r = envd.post(
+        "/process.Process/Start",
+        content=bytes([0]) + len(start).to_bytes(4, "big") + start,
+        headers={"Content-Type": "application/connect+json", "E2b-Sandbox-Id": sid},
+    )
+    assert r.content[0] == 2 and b"invalid_argument" in r.content, r.content
+    # Polled watchers are bounded per sandbox; stopping them frees their places.
+    handles = [sandbox.files.watch_dir("/tmp") for _ in range(32)]
+    with pytest.raises(SandboxException):
+        sandbox.files.watch_dir("/tmp")
+    for h in handles:
+        h.stop()
+    sandbox.files.watch_dir("/tmp").stop()
     assert sandbox.commands.run("echo still fine").stdout == "still fine\n"

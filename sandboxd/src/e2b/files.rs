@@ -192,7 +192,12 @@ async fn multipart(
                     // The line break after the delimiter is consumed with the head.
                     true
                 }
-                None => false,
+                None => {
+                    // A preamble is ignored; keep only what could start the delimiter.
+                    let keep = buf.len().min(first.len());
+                    buf.advance(buf.len() - keep);
+                    false
+                }
             },
             State::Head => {
                 if buf.starts_with(b"--") {

@@ -25,6 +25,8 @@ use crate::files::{self, unexpected};
 
 /// Polled watchers held at once, node-wide: each holds a guest stream and a task.
 const MAX_WATCHERS: usize = 256;
+/// Polled watchers one sandbox may hold, so one client cannot take them all.
+const MAX_WATCHERS_PER_SANDBOX: usize = 32;
 /// Events a polled watcher keeps between polls; older ones are dropped.
 const MAX_PENDING_EVENTS: usize = 4096;
 
@@ -357,11 +359,12 @@ async fn create_watcher(
         let mut map = e2b.watchers.0.lock().expect("watchers lock");
         // A watcher whose sandbox is gone will never be polled again by anyone who can.
         map.retain(|_, w| !w.task.is_finished() || e2b.node.claims.get(&w.sandbox).is_some());
-        map.len() >= MAX_WATCHERS
+        let here = map.values().filter(|w| w.sandbox == sandbox.id).count();
+        map.len() >= MAX_WATCHERS || here >= MAX_WATCHERS_PER_SANDBOX
     };
     if full {
         return Err(Error::Busy {
-            reason: format!("{MAX_WATCHERS} watchers are open on this node"),
+            reason: "too many watchers are open (the node's or this sandbox's limit)".into(),
             retry_after: 1,
         });
     }
