@@ -90,6 +90,16 @@ async def test_foreground_run_streams_and_exit_codes(async_sandbox):
     )
     assert (r.exit_code, r.stdout, r.stderr) == (0, "line1\nline2\nline3\n", "err\n")
     assert "".join(seen) == r.stdout
+    # Streamed as it happens: the command ends only once the first line was seen here.
+    seen_first = asyncio.Event()
+    h = await async_sandbox.commands.run(
+        "echo first; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo second",
+        background=True,
+        on_stdout=lambda line: "first" in line and seen_first.set(),
+    )
+    await asyncio.wait_for(seen_first.wait(), 60)
+    await async_sandbox.files.write("/tmp/go", "")
+    assert (await h.wait()).stdout == "first\nsecond\n"
     with pytest.raises(CommandExitException) as e:
         await async_sandbox.commands.run("exit 5")
     assert e.value.exit_code == 5

@@ -93,6 +93,18 @@ def test_foreground_run_streams_and_exit_codes(sandbox):
     assert r.stdout == "line1\nline2\nline3\n"
     assert r.stderr == "err\n"
     assert "".join(seen) == r.stdout
+    # Each event arrives as it happens: the command waits for a file the callback only
+    # writes once it has seen the first line (buffered output would never get there).
+    def on_line(line):
+        if "first" in line:
+            sandbox.files.write("/tmp/go", "")
+
+    r = sandbox.commands.run(
+        "echo first; while [ ! -e /tmp/go ]; do sleep 0.05; done; echo second",
+        on_stdout=on_line,
+        timeout=60,
+    )
+    assert r.stdout == "first\nsecond\n"
     with pytest.raises(CommandExitException) as e:
         sandbox.commands.run("echo out; exit 3")
     assert e.value.exit_code == 3
