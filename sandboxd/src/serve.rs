@@ -9,6 +9,9 @@
 //! timed here. An upgraded connection (a relay) keeps its slot under the cap until it
 //! closes, but leaves every timeout behind: a relay may be quiet for as long as it likes.
 //!
+//! The same limits serve both listeners: the native API's and, with `[e2b]`, the E2B
+//! surface's (each with slots of its own), through a [`Handler`].
+//!
 //! Must not: know about routes or statuses beyond the one fixed 503 (that is `api`'s).
 
 use std::convert::Infallible;
@@ -65,6 +68,15 @@ impl Limits {
     }
 }
 
+/// What answers a connection's requests.
+pub type Handler = Arc<
+    dyn Fn(
+            hyper::Request<hyper::body::Incoming>,
+        ) -> futures::future::BoxFuture<'static, hyper::Response<api::Body>>
+        + Send
+        + Sync,
+>;
+
 /// The node's connection slots.
 pub struct Connections {
     slots: Arc<Semaphore>,
@@ -92,6 +104,24 @@ impl Connections {
         node: Arc<Node>,
         io: Box<dyn Conn>,
     ) -> impl std::future::Future<Output = ()> {
+        let handler: Handler = Arc::new(move |req| {
+            let node = node.clone();
+            Box::pin(async move {
+                match api::handle(node, req).await {
+                    Ok(resp) => resp,
+                    Err(never) => match never {},
+                }
+            })
+        });
+        self.serve_with(handler, io)
+    }
+
+    /// [`Connections::serve`] with another handler (the E2B surface's).
+    pub fn serve_with(
+        &self,
+        handler: Handler,
+        io: Box<dyn Conn>,
+    ) -> impl std::future::Future<Output = ()> {
         let slot = self.slots.clone().try_acquire_owned().ok().map(|permit| {
             self.metrics.http_connections.inc();
             Slot {
@@ -103,7 +133,7 @@ impl Connections {
         let (limits, metrics) = (self.limits, self.metrics.clone());
         async move {
             match slot {
-                Some(slot) => serve(node, io, slot, limits, metrics).await,
+                Some(slot) => serve(handler, io, slot, limits, metrics).await,
                 None => {
                     metrics.http_refused.inc();
                     if let Some(refusing) = refusing {
@@ -166,7 +196,7 @@ async fn refuse(mut io: Box<dyn Conn>) {
 }
 
 async fn serve(
-    node: Arc<Node>,
+    handler: Handler,
     io: Box<dyn Conn>,
     slot: Slot,
     limits: Limits,
@@ -182,9 +212,9 @@ async fn serve(
         let watch = watch.clone();
         service_fn(move |req| {
             let guard = Watch::request(&watch);
-            let node = node.clone();
+            let answer = handler(req);
             async move {
-                let resp = api::handle(node, req).await?;
+                let resp = answer.await;
                 Ok::<_, Infallible>(resp.map(|body| GuardedBody {
                     body,
                     _guard: guard,

@@ -28,19 +28,14 @@ mod process;
 pub mod record;
 mod rest;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderValue, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
-use hyper::server::conn::http1;
-use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -50,6 +45,7 @@ use crate::claims::Sandbox;
 use crate::config::E2bConfig;
 use crate::error::{Error, Result};
 use crate::node::Node;
+use crate::serve::{Connections, Handler};
 
 /// The agent version advertised as `envdVersion`: the SDK gates features on it, and
 /// 0.5.7 is the highest whose features are all implemented here (server-side default
@@ -58,8 +54,6 @@ use crate::node::Node;
 pub const ENVD_VERSION: &str = "0.5.7";
 /// The port the SDK names in `E2b-Sandbox-Port` (the agent's, in E2B's cloud).
 const ENVD_PORT: &str = "49983";
-/// Bound on a request head, as the native listener has.
-const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The E2B surface's shared state.
 pub struct E2b {
@@ -112,10 +106,10 @@ pub async fn start(node: Arc<Node>, config: &E2bConfig) -> Result<Listening> {
 }
 
 async fn accept_loop(e2b: Arc<E2b>, listener: TcpListener, stop: CancellationToken) {
-    // The same connection cap as the native listener's, counted on its own.
-    let slots = Arc::new(Semaphore::new(
-        e2b.node.config.http.max_connections as usize,
-    ));
+    // The native listener's limits (cap, head, idle and write timeouts), with slots of
+    // its own so that neither surface can starve the other.
+    let slots = Connections::new(&e2b.node.config.http, e2b.node.metrics.clone());
+    let handler: Handler = Arc::new(move |req| Box::pin(handle(e2b.clone(), req)));
     let mut conns = tokio::task::JoinSet::new();
     loop {
         let (io, _) = tokio::select! {
@@ -129,27 +123,8 @@ async fn accept_loop(e2b: Arc<E2b>, listener: TcpListener, stop: CancellationTok
                 }
             },
         };
-        let Ok(permit) = slots.clone().try_acquire_owned() else {
-            continue; // dropped: over the cap
-        };
         let _ = io.set_nodelay(true);
-        let e2b = e2b.clone();
-        let stop = stop.clone();
-        conns.spawn(async move {
-            let _permit = permit;
-            let service = service_fn(move |req| {
-                let e2b = e2b.clone();
-                async move { Ok::<_, Infallible>(handle(e2b, req).await) }
-            });
-            let conn = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(io), service);
-            tokio::select! {
-                r = conn => if let Err(e) = r { tracing::debug!("e2b connection: {e}") },
-                () = stop.cancelled() => {}
-            }
-        });
+        conns.spawn(slots.serve_with(handler.clone(), Box::new(io)));
         while conns.try_join_next().is_some() {}
     }
     conns.shutdown().await;
