@@ -321,30 +321,12 @@ fn empty() -> Body {
 /// body_timeout_seconds`) and decodes it strictly: a JSON object, nothing else (serde's
 /// derives would take an array as a struct's fields in order). An empty body decodes as
 /// `{}` when `empty_ok`.
-async fn read_json<T: DeserializeOwned>(
+pub(crate) async fn read_json<T: DeserializeOwned>(
     node: &Node,
     req: Request<Incoming>,
     empty_ok: bool,
 ) -> Result<T, Error> {
-    let seconds = node.config.http.body_timeout_seconds;
-    let collected = tokio::time::timeout(
-        std::time::Duration::from_secs(seconds),
-        Limited::new(req.into_body(), MAX_BODY).collect(),
-    )
-    .await
-    .map_err(|_| {
-        node.metrics.http_body_timeouts.inc();
-        Error::BodyTimeout { seconds }
-    })?;
-    let bytes = collected
-        .map_err(|e| {
-            if e.is::<http_body_util::LengthLimitError>() {
-                Error::BodyTooLarge { limit: MAX_BODY }
-            } else {
-                Error::BadRequest(format!("reading body: {e}"))
-            }
-        })?
-        .to_bytes();
+    let bytes = read_body(node, req.into_body(), MAX_BODY).await?;
     let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) && empty_ok {
         b"{}"
     } else {
@@ -356,6 +338,30 @@ async fn read_json<T: DeserializeOwned>(
         ));
     }
     serde_json::from_slice(bytes).map_err(|e| Error::BadRequest(format!("invalid JSON body: {e}")))
+}
+
+/// Reads a whole request body: at most `cap` bytes (413 beyond), within `[http]
+/// body_timeout_seconds` (408).
+pub(crate) async fn read_body(node: &Node, body: Incoming, cap: usize) -> Result<Bytes, Error> {
+    let seconds = node.config.http.body_timeout_seconds;
+    let collected = tokio::time::timeout(
+        std::time::Duration::from_secs(seconds),
+        Limited::new(body, cap).collect(),
+    )
+    .await
+    .map_err(|_| {
+        node.metrics.http_body_timeouts.inc();
+        Error::BodyTimeout { seconds }
+    })?;
+    Ok(collected
+        .map_err(|e| {
+            if e.is::<http_body_util::LengthLimitError>() {
+                Error::BodyTooLarge { limit: cap }
+            } else {
+                Error::BadRequest(format!("reading body: {e}"))
+            }
+        })?
+        .to_bytes())
 }
 
 /// Resolves a per-sandbox route's target for `caller`: 403 for a caller kind that may not

@@ -7,7 +7,6 @@
 use std::convert::Infallible;
 
 use bytes::{Bytes, BytesMut};
-use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper::header::{HeaderMap, HeaderValue, CONTENT_TYPE};
 use hyper::{Request, Response, StatusCode};
@@ -143,22 +142,7 @@ fn decode_message<T: DeserializeOwned>(bytes: &[u8]) -> Result<T> {
 }
 
 async fn read_capped(e2b: &E2b, body: Incoming, cap: usize) -> Result<Bytes> {
-    let seconds = e2b.node.config.http.body_timeout_seconds;
-    let collected = tokio::time::timeout(
-        std::time::Duration::from_secs(seconds),
-        http_body_util::Limited::new(body, cap).collect(),
-    )
-    .await
-    .map_err(|_| Error::BodyTimeout { seconds })?;
-    Ok(collected
-        .map_err(|e| {
-            if e.is::<http_body_util::LengthLimitError>() {
-                Error::BodyTooLarge { limit: cap }
-            } else {
-                Error::BadRequest(format!("reading body: {e}"))
-            }
-        })?
-        .to_bytes())
+    crate::api::read_body(&e2b.node, body, cap).await
 }
 
 /// The sending side of a server stream's body.

@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use http_body_util::{BodyExt, Limited};
 use hyper::body::Incoming;
 use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response, StatusCode};
@@ -16,7 +15,7 @@ use serde_json::{json, Value};
 use super::record::{self, E2bRecord};
 use super::{json, lifecycle, rest_caller, status_only, E2b, ENVD_VERSION};
 use crate::api::query::{decode, Query};
-use crate::api::{Body, MAX_BODY};
+use crate::api::Body;
 use crate::auth::{require_claimer, Caller};
 use crate::claims::{now_ms, Sandbox};
 use crate::error::{Error, Result};
@@ -303,32 +302,10 @@ fn list(e2b: &E2b, tenant: Option<&str>, query: Option<&str>) -> Result<Response
     Ok(resp)
 }
 
-/// A JSON object body, at most [`MAX_BODY`]; an empty body is `{}`.
+/// A JSON object body (the native API's rules: at most 1 MiB, timed, an object); an
+/// empty body is `{}`. Unknown fields are ignored by the types read here.
 async fn read_json<T: serde::de::DeserializeOwned>(e2b: &E2b, req: Request<Incoming>) -> Result<T> {
-    let seconds = e2b.node.config.http.body_timeout_seconds;
-    let bytes = tokio::time::timeout(
-        std::time::Duration::from_secs(seconds),
-        Limited::new(req.into_body(), MAX_BODY).collect(),
-    )
-    .await
-    .map_err(|_| Error::BodyTimeout { seconds })?
-    .map_err(|e| {
-        if e.is::<http_body_util::LengthLimitError>() {
-            Error::BodyTooLarge { limit: MAX_BODY }
-        } else {
-            Error::BadRequest(format!("reading body: {e}"))
-        }
-    })?
-    .to_bytes();
-    let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) {
-        b"{}"
-    } else {
-        &bytes
-    };
-    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(Error::BadRequest("the body must be a JSON object".into()));
-    }
-    serde_json::from_slice(bytes).map_err(|e| Error::BadRequest(format!("invalid JSON body: {e}")))
+    crate::api::read_json(&e2b.node, req, true).await
 }
 
 /// Unix seconds as RFC 3339 UTC (`1970-01-01T00:00:00Z`), by Howard Hinnant's
