@@ -7,6 +7,7 @@
 use std::collections::BTreeMap;
 
 pub mod files;
+pub mod snapshots;
 
 use serde::{Deserialize, Serialize};
 
@@ -30,6 +31,9 @@ pub struct ClaimRequest {
     /// Lifetime; `default_ttl_seconds` when absent, clamped to `max_ttl_seconds`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ttl_seconds: Option<u64>,
+    /// Fork this snapshot (`snapshot_id`) instead of taking a fresh sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
 }
 
 /// `POST /v1/claim` answer.
@@ -66,6 +70,8 @@ pub enum SandboxState {
     Ready,
     /// Its guest died; exec and relay answer 502 until it is released.
     Failed,
+    /// Written to disk with its memory freed; the next call wakes it.
+    Hibernated,
 }
 
 /// One row of `GET /v1/sandboxes` (never a token).

@@ -139,6 +139,12 @@ pub enum Error {
         /// The file's size.
         size: u64,
     },
+    /// The engine or the sandbox's state does not allow the operation (409).
+    #[error("{0}")]
+    Unsupported(String),
+    /// A per-tenant quota is used up (429): the message names the limit and its key.
+    #[error("{0}")]
+    Quota(String),
     /// The daemon is shutting down.
     #[error("shutting down")]
     ShuttingDown,

@@ -18,7 +18,7 @@ pub const FILES_FRAME_MAX: usize = 3 * 1024 * 1024;
 
 /// A fresh stream to the sandbox's silkd for one file request.
 pub async fn connect(sandbox: &Sandbox) -> Result<GuestConn> {
-    let stream = sandbox.guest.dial().await?;
+    let stream = sandbox.guest().dial().await?;
     Ok(Framed::new(
         stream,
         HostCodec::new().with_max(FILES_FRAME_MAX),

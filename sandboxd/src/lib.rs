@@ -37,6 +37,7 @@ pub mod error;
 pub mod exec;
 pub mod files;
 pub mod guest;
+pub mod hibernate;
 pub mod metrics;
 pub mod node;
 pub mod pool;
@@ -44,6 +45,7 @@ pub mod reconcile;
 pub mod relay;
 pub mod sandbox;
 pub mod serve;
+pub mod snapshots;
 pub mod store;
 pub mod template;
 

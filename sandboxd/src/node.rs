@@ -26,6 +26,8 @@ use crate::store::{ClaimRecord, Store};
 
 /// How often the TTL reaper looks for expired sandboxes.
 const REAP_EVERY: Duration = Duration::from_millis(200);
+/// Expired snapshots are looked for every this many reaper ticks (a database query).
+const SNAPSHOT_EXPIRY_TICKS: u64 = 25;
 
 /// Everything a request handler needs.
 pub struct Node {
@@ -49,6 +51,8 @@ pub struct Node {
     pub store: Arc<Store>,
     /// How long start-up reconciliation took and what it found (for logs and benches).
     pub reconciled: crate::reconcile::Reconciled,
+    /// One snapshot written at a time (its quota check and write are one step).
+    pub(crate) snapshot_lock: tokio::sync::Mutex<()>,
     shutdown: CancellationToken,
     reaper: Mutex<Option<JoinHandle<()>>>,
 }
@@ -94,7 +98,7 @@ impl Node {
                 config.templates.values().find_map(|t| t.image.clone()),
             )?),
         };
-        let mut reconciled = crate::reconcile::reconcile(&*engine, &store).await?;
+        let mut reconciled = crate::reconcile::reconcile(&*engine, &store, &data_dir.join("hibernated")).await?;
         let metrics = Arc::new(Metrics::new());
         let shutdown = CancellationToken::new();
         let pools = Pools::start(
@@ -111,7 +115,8 @@ impl Node {
             .collect();
         let claims = Claims::new(config.max_claims, tenant_max);
         for (rec, guest) in std::mem::take(&mut reconciled.adopted) {
-            claims.adopt(&rec, guest);
+            let sandbox = claims.adopt(&rec, guest);
+            sandbox.set_power(rec.hibernated, None);
         }
         metrics.sandboxes.set(claims.active() as i64);
         let node = Arc::new(Node {
@@ -125,9 +130,11 @@ impl Node {
             metrics,
             store,
             reconciled,
+            snapshot_lock: tokio::sync::Mutex::new(()),
             shutdown,
             reaper: Mutex::new(None),
         });
+        node.sweep_snapshot_files();
         let reaper = tokio::spawn(node.clone().reaper());
         *node.reaper.lock().expect("reaper lock") = Some(reaper);
         Ok(node)
@@ -136,10 +143,13 @@ impl Node {
     /// Claims a sandbox: reserve a slot (429), take a warm guest whose engine has not
     /// recorded its death (no round trip: it answered `Info` when it joined the pool),
     /// else start one on demand.
-    pub async fn claim(&self, tenant: Option<&str>, req: api::ClaimRequest) -> Result<Claimed> {
+    pub async fn claim(&self, tenant: Option<&str>, mut req: api::ClaimRequest) -> Result<Claimed> {
         let started = Instant::now();
         if self.shutdown.is_cancelled() {
             return Err(Error::ShuttingDown);
+        }
+        if let Some(snapshot) = req.snapshot.take() {
+            return self.fork(tenant, &snapshot, req, started).await;
         }
         let (default_template, default_size) = self.config.default_key();
         let key = PoolKey {
@@ -147,11 +157,7 @@ impl Node {
             size: req.size.unwrap_or(default_size),
         };
         let spec = self.pools.spec(&key)?;
-        let ttl = req.ttl_seconds.unwrap_or(self.config.default_ttl_seconds);
-        if ttl == 0 {
-            return Err(Error::BadRequest("ttl_seconds must be positive".into()));
-        }
-        let ttl = ttl.min(self.config.max_ttl_seconds);
+        let ttl = self.claim_ttl(req.ttl_seconds)?;
         let slot = self.claims.reserve(tenant)?;
         let mut source = "warm";
         // A warm guest answered `Info` when it joined the pool; its fate reports a death
@@ -172,6 +178,19 @@ impl Node {
                 }
             }
         };
+        self.register(slot, key, ttl, guest, source, started).await
+    }
+
+    /// Records a claimed guest in `slot` (committed before the answer) and answers it.
+    pub(crate) async fn register(
+        &self,
+        slot: crate::claims::Slot<'_>,
+        key: PoolKey,
+        ttl: u64,
+        guest: Arc<dyn Guest>,
+        source: &'static str,
+        started: Instant,
+    ) -> Result<Claimed> {
         if self.shutdown.is_cancelled() {
             guest.destroy().await;
             return Err(Error::ShuttingDown);
@@ -188,12 +207,13 @@ impl Node {
             deadline_ms: sandbox
                 .deadline_ms
                 .load(std::sync::atomic::Ordering::SeqCst),
-            handle: sandbox.guest.handle(),
+            handle: sandbox.guest().handle(),
+            hibernated: false,
         };
         if let Err(e) = self.store.put_claim(&record) {
             // Unrecorded, the claim would not survive a restart: refuse it whole.
             self.claims.remove(&sandbox.id);
-            sandbox.guest.destroy().await;
+            sandbox.guest().destroy().await;
             return Err(e);
         }
         self.metrics.sandboxes.set(self.claims.active() as i64);
@@ -215,6 +235,15 @@ impl Node {
         })
     }
 
+    /// A claim's lifetime: `default_ttl_seconds` when absent, clamped; 0 is refused.
+    pub(crate) fn claim_ttl(&self, asked: Option<u64>) -> Result<u64> {
+        let ttl = asked.unwrap_or(self.config.default_ttl_seconds);
+        if ttl == 0 {
+            return Err(Error::BadRequest("ttl_seconds must be positive".into()));
+        }
+        Ok(ttl.min(self.config.max_ttl_seconds))
+    }
+
     /// Releases a sandbox: deletes its record, unregisters it and destroys its guest. 404
     /// when unknown.
     pub async fn release(&self, id: &str) -> Result<()> {
@@ -222,7 +251,8 @@ impl Node {
         self.store.delete_claim(id)?;
         let sandbox = self.claims.remove(id).ok_or(Error::NotFound)?;
         self.metrics.sandboxes.set(self.claims.active() as i64);
-        sandbox.guest.destroy().await;
+        sandbox.guest().destroy().await;
+        self.drop_hibernation(id);
         tracing::info!(id, "released");
         Ok(())
     }
@@ -280,12 +310,17 @@ impl Node {
         let mut tick = tokio::time::interval(REAP_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut destroying = JoinSet::new();
+        let mut ticks = 0u64;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = self.shutdown.cancelled() => break,
             }
             while destroying.try_join_next().is_some() {}
+            ticks += 1;
+            if ticks % SNAPSHOT_EXPIRY_TICKS == 0 {
+                self.expire_snapshots();
+            }
             for sandbox in self.claims.take_expired(now_ms()) {
                 tracing::info!(id = %sandbox.id, "deadline passed; destroying");
                 self.metrics.expired.inc();
@@ -293,7 +328,8 @@ impl Node {
                     // Left in the database, the next start reaps it as expired.
                     tracing::warn!(id = %sandbox.id, "cannot delete the expired claim: {e}");
                 }
-                destroying.spawn(async move { sandbox.guest.destroy().await });
+                self.drop_hibernation(&sandbox.id);
+                destroying.spawn(async move { sandbox.guest().destroy().await });
             }
             self.metrics.sandboxes.set(self.claims.active() as i64);
         }
@@ -319,16 +355,25 @@ impl Node {
         let keep = self.config.on_stop == OnStop::Keep;
         let (kept, doomed): (Vec<_>, Vec<_>) = claimed
             .into_iter()
-            .partition(|s| keep && s.guest.handle().is_some() && s.failure().is_none());
+            .partition(|s| {
+                // A hibernated sandbox's files and record are all it is: kept as they are.
+                keep && (s.is_hibernated() || s.guest().handle().is_some() && s.failure().is_none())
+            });
         for s in &kept {
-            s.guest.leave_running();
+            s.guest().leave_running();
         }
         for s in &doomed {
             if let Err(e) = self.store.delete_claim(&s.id) {
                 tracing::warn!(id = %s.id, "cannot delete the claim's record: {e}");
             }
+            self.drop_hibernation(&s.id);
         }
-        futures::future::join_all(doomed.iter().map(|s| s.guest.destroy())).await;
+        futures::future::join_all(
+            doomed
+                .iter()
+                .map(|s| async move { s.guest().destroy().await }),
+        )
+        .await;
         self.metrics.sandboxes.set(0);
         self.engine.shutdown(!kept.is_empty());
         tracing::info!(
@@ -349,6 +394,8 @@ fn private_data_dir(dir: &Path, socket: Option<&str>) -> Result<()> {
     /// What sandboxd and its engines create directly in `data_dir`.
     const OURS: &[&str] = &[
         "spill",
+        "snapshots",
+        "hibernated",
         "goldens",
         "sandboxes",
         "qemu",

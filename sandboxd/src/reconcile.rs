@@ -28,17 +28,33 @@ pub struct Reconciled {
 }
 
 /// Re-adopts what it can of `store`'s claims, deletes the records of the rest, and sweeps.
-pub async fn reconcile(engine: &dyn Engine, store: &Store) -> Result<Reconciled> {
+/// A hibernated claim is kept, without a guest, while its files under `hibernated` are
+/// there (they are all it is); they are deleted with an expired claim.
+pub async fn reconcile(
+    engine: &dyn Engine,
+    store: &Store,
+    hibernated: &std::path::Path,
+) -> Result<Reconciled> {
     let started = Instant::now();
     let now = now_ms();
     let records = store.claims()?;
     let mut expired = 0;
     let mut candidates = Vec::new();
+    let mut dormant = Vec::new();
     for rec in records {
         if rec.deadline_ms <= now {
             tracing::info!(id = %rec.id, "claim expired while sandboxd was down; reaping it");
             store.delete_claim(&rec.id)?;
+            let _ = std::fs::remove_dir_all(hibernated.join(&rec.id));
             expired += 1;
+        } else if rec.hibernated {
+            if hibernated.join(&rec.id).is_dir() {
+                tracing::info!(id = %rec.id, "kept hibernated sandbox");
+                dormant.push(rec);
+            } else {
+                tracing::warn!(id = %rec.id, "dropping hibernated claim: its files are gone");
+                store.delete_claim(&rec.id)?;
+            }
         } else {
             candidates.push(rec);
         }
@@ -49,7 +65,13 @@ pub async fn reconcile(engine: &dyn Engine, store: &Store) -> Result<Reconciled>
         (rec, outcome)
     }))
     .await;
-    let mut adopted = Vec::new();
+    let mut adopted: Vec<(ClaimRecord, Arc<dyn Guest>)> = dormant
+        .into_iter()
+        .map(|rec| {
+            let guest = Arc::new(crate::hibernate::Dormant::new(&rec.id)) as Arc<dyn Guest>;
+            (rec, guest)
+        })
+        .collect();
     let mut gone = 0;
     for (rec, outcome) in tried {
         match outcome {

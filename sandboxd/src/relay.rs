@@ -80,7 +80,7 @@ pub async fn dial(sandbox: &Sandbox) -> Result<GuestStream> {
     if let Some(e) = sandbox.failed_error() {
         return Err(e);
     }
-    match sandbox.guest.dial().await {
+    match sandbox.guest().dial().await {
         Ok(s) => Ok(s),
         Err(e) => Err(sandbox.explain(e).await),
     }

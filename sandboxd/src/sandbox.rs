@@ -2,8 +2,8 @@
 //! about it. Whether it has failed is its guest's [`Fate`](crate::engine::Fate), written by
 //! the engine's supervisor; this type only reads it.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crate::engine::Guest;
@@ -26,8 +26,13 @@ pub struct Sandbox {
     /// Tenant that claimed it.
     pub tenant: Option<String>,
     pub(crate) deadline_ms: AtomicU64,
-    /// The running guest.
-    pub guest: Arc<dyn Guest>,
+    /// The running guest (a hibernated sandbox's is the destroyed one, or a dormant
+    /// placeholder after a restart).
+    guest: RwLock<Arc<dyn Guest>>,
+    /// Its guest is written out under `data_dir/hibernated/ID`.
+    hibernated: AtomicBool,
+    /// Held across hibernate, wake and snapshot: one change of the guest at a time.
+    pub(crate) power: tokio::sync::Mutex<()>,
 }
 
 impl Sandbox {
@@ -47,8 +52,28 @@ impl Sandbox {
             size,
             tenant,
             deadline_ms: AtomicU64::new(deadline_ms),
-            guest,
+            guest: RwLock::new(guest),
+            hibernated: AtomicBool::new(false),
+            power: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// The current guest.
+    pub fn guest(&self) -> Arc<dyn Guest> {
+        self.guest.read().expect("guest lock").clone()
+    }
+
+    /// True while its guest is written out.
+    pub fn is_hibernated(&self) -> bool {
+        self.hibernated.load(Ordering::SeqCst)
+    }
+
+    /// Marks it hibernated (its guest destroyed) or awake with `guest`.
+    pub(crate) fn set_power(&self, hibernated: bool, guest: Option<Arc<dyn Guest>>) {
+        if let Some(g) = guest {
+            *self.guest.write().expect("guest lock") = g;
+        }
+        self.hibernated.store(hibernated, Ordering::SeqCst);
     }
 
     /// Deadline in Unix seconds.
@@ -58,7 +83,10 @@ impl Sandbox {
 
     /// Why the sandbox is unusable: its guest died on its own.
     pub fn failure(&self) -> Option<String> {
-        self.guest.failure()
+        if self.is_hibernated() {
+            return None;
+        }
+        self.guest().failure()
     }
 
     /// Turns a channel error into the sandbox's failure when the guest turns out to have
@@ -68,7 +96,7 @@ impl Sandbox {
         if !matches!(e, Error::Guest(_) | Error::Wire(_)) {
             return e;
         }
-        match self.guest.fate().failure_within(CONFIRM_FAILURE).await {
+        match self.guest().fate().failure_within(CONFIRM_FAILURE).await {
             Some(f) => self.failed(f),
             None => e,
         }
@@ -96,6 +124,8 @@ impl Sandbox {
             deadline: self.deadline(),
             state: if error.is_some() {
                 api::SandboxState::Failed
+            } else if self.is_hibernated() {
+                api::SandboxState::Hibernated
             } else {
                 api::SandboxState::Ready
             },

@@ -57,6 +57,23 @@ const MIGRATIONS: &[&str] = &[
         env_vars TEXT NOT NULL,
         started_ms INTEGER NOT NULL
      );",
+    // 3: snapshots as sandboxd writes them (the placeholder held no rows), and
+    // hibernated claims (their guest is on disk under `data_dir/hibernated/ID`).
+    "DROP TABLE snapshots;
+     CREATE TABLE snapshots (
+        id TEXT PRIMARY KEY,
+        tenant TEXT,
+        name TEXT,
+        source TEXT NOT NULL,
+        template TEXT NOT NULL,
+        size TEXT NOT NULL,
+        inputs TEXT NOT NULL,
+        memory INTEGER NOT NULL,
+        bytes INTEGER NOT NULL,
+        created_ms INTEGER NOT NULL,
+        expires_ms INTEGER NOT NULL
+     );
+     ALTER TABLE claims ADD COLUMN hibernated INTEGER NOT NULL DEFAULT 0;",
 ];
 
 /// One claim as recorded.
@@ -76,6 +93,8 @@ pub struct ClaimRecord {
     pub deadline_ms: u64,
     /// How to find its guest again; `None` when its engine cannot re-adopt.
     pub handle: Option<GuestHandle>,
+    /// Its guest is written out (hibernated), not running.
+    pub hibernated: bool,
 }
 
 /// Pool targets saved by `PUT /v1/pools`, with the hash of the config's own pool list they
@@ -167,7 +186,7 @@ impl Store {
     pub fn claims(&self) -> Result<Vec<ClaimRecord>> {
         let rows = self.with(|c| {
             let mut q = c.prepare(
-                "SELECT id, token_sha256, tenant, template, size, deadline_ms, handle
+                "SELECT id, token_sha256, tenant, template, size, deadline_ms, handle, hibernated
                  FROM claims ORDER BY id",
             )?;
             let rows = q.query_map([], |r| {
@@ -179,12 +198,13 @@ impl Store {
                     r.get::<_, String>(4)?,
                     r.get::<_, i64>(5)?,
                     r.get::<_, Option<String>>(6)?,
+                    r.get::<_, bool>(7)?,
                 ))
             })?;
             rows.collect::<rusqlite::Result<Vec<_>>>()
         })?;
         let mut out = Vec::new();
-        for (id, digest, tenant, template, size, deadline, handle) in rows {
+        for (id, digest, tenant, template, size, deadline, handle, hibernated) in rows {
             let Ok(token_sha256) = <[u8; 32]>::try_from(digest.as_slice()) else {
                 tracing::warn!(
                     id,
@@ -207,6 +227,7 @@ impl Store {
                 size,
                 deadline_ms: deadline.max(0) as u64,
                 handle,
+                hibernated,
             });
         }
         Ok(out)
@@ -220,8 +241,9 @@ impl Store {
             .map(|h| serde_json::to_string(h).unwrap_or_default());
         self.with(|c| {
             c.execute(
-                "INSERT INTO claims (id, token_sha256, tenant, template, size, deadline_ms, handle)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                "INSERT INTO claims (id, token_sha256, tenant, template, size, deadline_ms, handle,
+                                     hibernated)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
                 params![
                     rec.id,
                     rec.token_sha256.as_slice(),
@@ -229,7 +251,8 @@ impl Store {
                     rec.template,
                     rec.size,
                     rec.deadline_ms as i64,
-                    handle
+                    handle,
+                    rec.hibernated
                 ],
             )
         })
@@ -337,6 +360,7 @@ mod tests {
             size: "small".into(),
             deadline_ms: 1_000,
             handle: None,
+            hibernated: false,
         }
     }
 

@@ -59,6 +59,7 @@ pub async fn ls_cmd(client: &Client, json: bool) -> Result<(), Error> {
         let state = match s.state {
             sandbox_sdk::SandboxState::Ready => "ready",
             sandbox_sdk::SandboxState::Failed => "failed",
+            sandbox_sdk::SandboxState::Hibernated => "hibernated",
         };
         println!(
             "{:<20} {:<12} {:<8} {:<7} {:>8}s  {}",

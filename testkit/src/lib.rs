@@ -62,6 +62,7 @@ pub mod sdk;
 pub mod setup;
 pub mod silkd;
 pub mod silkd_files;
+pub mod snapshots;
 pub mod tmpfs;
 pub mod tmux;
 pub mod trees;

@@ -7,7 +7,7 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONNECTION, UPGRADE};
 use hyper::{Request, Response, StatusCode};
 
-use super::{empty, sandbox_for, Body};
+use super::{empty, awake_for, Body};
 use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::node::Node;
@@ -23,7 +23,7 @@ pub(super) async fn agent(
     mut req: Request<Incoming>,
 ) -> Result<Response<Body>> {
     check_upgrade(&req, PROTOCOL)?;
-    let sandbox = sandbox_for(node, caller, id)?;
+    let sandbox = awake_for(node, caller, id).await?;
     let slot = node.relays.take(&sandbox.id)?;
     node.metrics.relays.inc();
     let guest_stream = relay::dial(&sandbox).await?;

@@ -14,7 +14,7 @@ use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Request, Response, StatusCode};
 use tokio::sync::mpsc;
 
-use super::{read_json, sandbox_for, status_of, Body};
+use super::{read_json, awake_for, status_of, Body};
 use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::exec::{self, Finished};
@@ -31,7 +31,7 @@ pub(super) async fn exec(
     id: &str,
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let sandbox = sandbox_for(node, caller, id)?;
+    let sandbox = awake_for(node, caller, id).await?;
     let body: api::ExecRequest = read_json(node, req, false).await?;
     exec::validate(&body)?;
     let encoding = body.encoding.unwrap_or_default();

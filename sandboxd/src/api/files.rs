@@ -21,7 +21,7 @@ use wire::files::{self as wf, DATA_CHUNK};
 use wire::{Request as Verb, Response as Answer};
 
 use super::query::Query;
-use super::{empty, json, read_json, sandbox_for, Body};
+use super::{empty, json, read_json, awake_for, Body};
 use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::files::{self, entry_json, unexpected};
@@ -39,7 +39,7 @@ pub(super) async fn put_file(
     id: &str,
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let sandbox = sandbox_for(node, caller, id)?;
+    let sandbox = awake_for(node, caller, id).await?;
     let q = Query::parse(req.uri().query(), &["path", "mode", "append", "user"])?;
     let verb = Verb::FileWrite(wf::FileWrite {
         path: q.require("path")?,
@@ -63,7 +63,7 @@ pub(super) async fn put_archive(
     id: &str,
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let sandbox = sandbox_for(node, caller, id)?;
+    let sandbox = awake_for(node, caller, id).await?;
     let q = Query::parse(req.uri().query(), &["path", "user"])?;
     let verb = Verb::TarIn(wf::TarIn {
         path: q.require("path")?,
@@ -123,7 +123,7 @@ pub(super) async fn get_file(
     id: &str,
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let sandbox = sandbox_for(node, caller, id)?;
+    let sandbox = awake_for(node, caller, id).await?;
     let q = Query::parse(req.uri().query(), &["path", "user"])?;
     let (path, user) = (q.require("path")?, q.get("user").map(String::from));
     let range = match req.headers().get(RANGE) {
@@ -187,7 +187,7 @@ pub(super) async fn get_archive(
     id: &str,
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let sandbox = sandbox_for(node, caller, id)?;
+    let sandbox = awake_for(node, caller, id).await?;
     let q = Query::parse(req.uri().query(), &["path", "user"])?;
     let verb = Verb::TarOut(wf::PathArg {
         path: q.require("path")?,
@@ -251,7 +251,7 @@ pub(super) async fn get_fs(
     id: &str,
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let sandbox = sandbox_for(node, caller, id)?;
+    let sandbox = awake_for(node, caller, id).await?;
     let q = Query::parse(req.uri().query(), &["path", "depth", "user"])?;
     let (path, user) = (q.require("path")?, q.get("user").map(String::from));
     let depth = q.number("depth")?.unwrap_or(1);
@@ -317,7 +317,7 @@ pub(super) async fn delete_fs(
     id: &str,
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let sandbox = sandbox_for(node, caller, id)?;
+    let sandbox = awake_for(node, caller, id).await?;
     let q = Query::parse(req.uri().query(), &["path", "recursive", "user"])?;
     let verb = Verb::Remove(wf::Remove {
         path: q.require("path")?,
@@ -335,7 +335,7 @@ pub(super) async fn mkdir(
     id: &str,
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let sandbox = sandbox_for(node, caller, id)?;
+    let sandbox = awake_for(node, caller, id).await?;
     let body: api::files::MkdirRequest = read_json(node, req, false).await?;
     let verb = Verb::Mkdir(wf::Mkdir {
         path: body.path,
@@ -354,7 +354,7 @@ pub(super) async fn rename(
     id: &str,
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let sandbox = sandbox_for(node, caller, id)?;
+    let sandbox = awake_for(node, caller, id).await?;
     let body: api::files::RenameRequest = read_json(node, req, false).await?;
     let verb = Verb::Rename(wf::Rename {
         from: body.from,
@@ -374,7 +374,7 @@ pub(super) async fn watch(
     id: &str,
     req: Request<Incoming>,
 ) -> Result<Response<Body>> {
-    let sandbox = sandbox_for(node, caller, id)?;
+    let sandbox = awake_for(node, caller, id).await?;
     let q = Query::parse(req.uri().query(), &["path", "recursive", "user"])?;
     let verb = Verb::Watch(wf::Watch {
         path: q.require("path")?,

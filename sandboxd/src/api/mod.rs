@@ -14,6 +14,7 @@ mod operator;
 mod ports;
 pub(crate) mod query;
 mod sandboxes;
+mod snapshots;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -83,11 +84,21 @@ pub enum Route {
     ArchivePut,
     /// `GET /v1/sandboxes/{id}/ports/{port}`
     Port,
+    /// `POST /v1/sandboxes/{id}/snapshot`
+    Snapshot,
+    /// `POST /v1/sandboxes/{id}/hibernate`
+    Hibernate,
+    /// `POST /v1/sandboxes/{id}/wake`
+    Wake,
+    /// `GET /v1/snapshots`
+    SnapshotList,
+    /// `DELETE /v1/snapshots/{id}`
+    SnapshotDelete,
 }
 
 impl Route {
     /// The whole table; routing and the docs test both read it.
-    pub const ALL: [Route; 21] = [
+    pub const ALL: [Route; 26] = [
         Route::Healthz,
         Route::Metrics,
         Route::Info,
@@ -109,6 +120,11 @@ impl Route {
         Route::ArchiveGet,
         Route::ArchivePut,
         Route::Port,
+        Route::Snapshot,
+        Route::Hibernate,
+        Route::Wake,
+        Route::SnapshotList,
+        Route::SnapshotDelete,
     ];
 
     /// Method and path pattern (`{id}` matches one segment).
@@ -135,6 +151,11 @@ impl Route {
             Route::ArchiveGet => (Method::GET, "/v1/sandboxes/{id}/archive"),
             Route::ArchivePut => (Method::PUT, "/v1/sandboxes/{id}/archive"),
             Route::Port => (Method::GET, "/v1/sandboxes/{id}/ports/{port}"),
+            Route::Snapshot => (Method::POST, "/v1/sandboxes/{id}/snapshot"),
+            Route::Hibernate => (Method::POST, "/v1/sandboxes/{id}/hibernate"),
+            Route::Wake => (Method::POST, "/v1/sandboxes/{id}/wake"),
+            Route::SnapshotList => (Method::GET, "/v1/snapshots"),
+            Route::SnapshotDelete => (Method::DELETE, "/v1/snapshots/{id}"),
         }
     }
 
@@ -147,13 +168,19 @@ impl Route {
             Route::Healthz => &[200],
             Route::Metrics | Route::Info | Route::List => &[200, 401, 403],
             Route::Pools => &[200, 400, 401, 403, 408, 413, 500],
-            Route::Claim => &[200, 400, 401, 403, 408, 413, 429, 500, 502, 503],
+            // 404 and 409: an unknown or foreign snapshot, one of another image.
+            Route::Claim => &[200, 400, 401, 403, 404, 408, 409, 413, 429, 500, 502, 503],
             Route::Get => &[200, 401, 403, 404],
             Route::Release => &[204, 401, 403, 404],
             Route::Renew => &[200, 400, 401, 403, 404, 408, 413],
             Route::Exec => &[200, 400, 401, 403, 404, 408, 413, 500, 502, 503, 504],
             Route::Agent => &[101, 401, 403, 404, 426, 429, 502],
-            Route::Port => &[101, 400, 401, 403, 404, 426, 429, 502],
+            Route::Port => &[101, 400, 401, 403, 404, 426, 429, 502, 503],
+            Route::Snapshot => &[200, 400, 401, 403, 404, 408, 409, 413, 429, 500, 502, 503, 507],
+            Route::Hibernate => &[204, 401, 403, 404, 409, 500, 502, 507],
+            Route::Wake => &[204, 401, 403, 404, 500, 503],
+            Route::SnapshotList => &[200, 401, 403, 500],
+            Route::SnapshotDelete => &[204, 401, 403, 404, 500],
             // The file routes: 403 also for silkd `permission_denied`, 404 for a missing
             // path, 507 for silkd `no_space`; uploads time out per piece (408).
             Route::FilePut => &[200, 400, 401, 403, 404, 408, 502, 503, 507],
@@ -227,7 +254,10 @@ pub fn status_of(error: &Error) -> StatusCode {
         Error::BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
         Error::BodyTooLarge { .. } | Error::OutputTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
         Error::UpgradeRequired(_) => StatusCode::UPGRADE_REQUIRED,
-        Error::TooManyClaims(_) | Error::TooManyRelays { .. } => StatusCode::TOO_MANY_REQUESTS,
+        Error::TooManyClaims(_) | Error::TooManyRelays { .. } | Error::Quota(_) => {
+            StatusCode::TOO_MANY_REQUESTS
+        }
+        Error::Unsupported(_) => StatusCode::CONFLICT,
         Error::Busy { .. } | Error::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         Error::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         Error::Guest(_)
@@ -371,6 +401,14 @@ fn sandbox_for(node: &Node, caller: &Caller, id: &str) -> Result<Arc<Sandbox>, E
     node.sandbox(id)
 }
 
+/// [`sandbox_for`], woken first when it is hibernated (a bounded wait): exec, relay,
+/// file and port calls reach a running guest.
+async fn awake_for(node: &Node, caller: &Caller, id: &str) -> Result<Arc<Sandbox>, Error> {
+    let sandbox = sandbox_for(node, caller, id)?;
+    node.wake(&sandbox).await?;
+    Ok(sandbox)
+}
+
 /// Serves one request; never fails (errors become JSON answers).
 pub async fn handle(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<Body>, Infallible> {
     let method = req.method().clone();
@@ -423,6 +461,11 @@ async fn dispatch(
         Route::ArchiveGet => files::get_archive(&node, &caller, &id, req).await,
         Route::ArchivePut => files::put_archive(&node, &caller, &id, req).await,
         Route::Port => ports::port(&node, &caller, &id, req).await,
+        Route::Snapshot => snapshots::snapshot(&node, &caller, &id, req).await,
+        Route::Hibernate => snapshots::hibernate(&node, &caller, &id).await,
+        Route::Wake => snapshots::wake(&node, &caller, &id).await,
+        Route::SnapshotList => snapshots::list(&node, &caller),
+        Route::SnapshotDelete => snapshots::delete(&node, &caller, &id),
     }
 }
 

@@ -7,7 +7,7 @@ use hyper::body::Incoming;
 use hyper::{Request, Response};
 
 use super::agent::{check_upgrade, switching};
-use super::{sandbox_for, Body};
+use super::{awake_for, Body};
 use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::node::Node;
@@ -24,7 +24,7 @@ pub(super) async fn port(
 ) -> Result<Response<Body>> {
     let port = parse_port(req.uri().path())?;
     check_upgrade(&req, PROTOCOL)?;
-    let sandbox = sandbox_for(node, caller, id)?;
+    let sandbox = awake_for(node, caller, id).await?;
     let slot = node.relays.take(&sandbox.id)?;
     node.metrics.relays.inc();
     let (guest_stream, early) = relay::connect_port(&sandbox, port).await?;

@@ -5,6 +5,7 @@
 mod e2b;
 mod engines;
 mod limits;
+mod snapshots;
 mod validate;
 
 use std::collections::BTreeMap;
@@ -15,6 +16,7 @@ use serde::{Deserialize, Serialize};
 pub use self::e2b::E2bConfig;
 pub use self::engines::{AccelChoice, ProcessConfig, QemuConfig, QemuMachine, TemplateDisk};
 pub use self::limits::{ExecConfig, HttpConfig};
+pub use self::snapshots::SnapshotsConfig;
 use crate::error::{Error, Result};
 
 /// The whole file.
@@ -91,6 +93,9 @@ pub struct Config {
     /// The E2B-compatible listener; off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub e2b: Option<E2bConfig>,
+    /// Snapshot lifetimes, quotas and disk headroom.
+    #[serde(default)]
+    pub snapshots: SnapshotsConfig,
 }
 
 /// Which engine makes guests.

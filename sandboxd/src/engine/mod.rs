@@ -88,9 +88,21 @@ pub trait Guest: Send + Sync + 'static {
     fn handle(&self) -> Option<GuestHandle> {
         None
     }
+    /// The hostname the guest was given, where the engine sets one (a woken guest keeps
+    /// it).
+    fn hostname(&self) -> Option<String> {
+        None
+    }
     /// sandboxd is stopping and leaves this guest running for the next start: nothing may
     /// kill it when its last reference goes.
     fn leave_running(&self) {}
+}
+
+/// What a snapshot holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Captured {
+    /// Memory and device state (a VM), or only the writable layer (`false`).
+    pub memory: bool,
 }
 
 /// A guest-making backend.
@@ -119,6 +131,42 @@ pub trait Engine: Send + Sync + 'static {
                 "the {} engine cannot re-adopt guest {}",
                 self.info().name,
                 handle.guest_id
+            )))
+        })
+    }
+    /// Writes a snapshot of the running `guest` (made for `spec`) into `dir`, a new empty
+    /// directory private to sandboxd: consistent (one instant), never written again once
+    /// this returns. With `resume` the guest runs on afterwards; without, it stays paused
+    /// (hibernation destroys it next, so nothing it does after the instant is lost).
+    /// What it captured says whether memory is in it. Files it wrote are left for the
+    /// caller to delete on error.
+    fn snapshot<'a>(
+        &'a self,
+        _spec: &'a GuestSpec,
+        _guest: &'a dyn Guest,
+        _dir: &'a Path,
+        _resume: bool,
+    ) -> BoxFuture<'a, Result<Captured>> {
+        Box::pin(async move {
+            Err(crate::error::Error::Unsupported(format!(
+                "the {} engine cannot snapshot sandboxes",
+                self.info().name
+            )))
+        })
+    }
+    /// Starts a guest from a snapshot `dir` that [`Engine::snapshot`] wrote for `spec`,
+    /// copy-on-write (many guests may start from one), with a fresh identity except
+    /// `hostname` when given (a woken sandbox keeps its own).
+    fn restore<'a>(
+        &'a self,
+        _spec: &'a GuestSpec,
+        _dir: &'a Path,
+        _hostname: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Arc<dyn Guest>>> {
+        Box::pin(async move {
+            Err(crate::error::Error::Unsupported(format!(
+                "the {} engine cannot restore snapshots",
+                self.info().name
             )))
         })
     }

@@ -129,7 +129,8 @@ async fn run(
     req: api::ExecRequest,
     client: &mut oneshot::Sender<Result<Finished>>,
 ) -> Result<Finished> {
-    let guest = &*sandbox.guest;
+    let guest = sandbox.guest();
+    let guest = &*guest;
     let mut conn = guest::connect(guest).await?;
     let timeout = req.timeout_seconds.map(Duration::from_secs_f64);
     conn.send(Request::Exec {

@@ -33,6 +33,8 @@ pub struct QemuGuest {
     /// Set when sandboxd stops and leaves the VM running: dropping it kills nothing.
     kept: Arc<AtomicBool>,
     pub(super) cloned: AtomicBool,
+    /// The hostname its last handshake set (a woken VM keeps the one it had).
+    hostname: Mutex<String>,
     console: Ring,
     stderr: Ring,
     /// QEMU, signalled through its pidfd only.
@@ -90,6 +92,7 @@ impl QemuGuest {
             destroying: AtomicBool::new(false),
             kept: kept.clone(),
             cloned: AtomicBool::new(false),
+            hostname: Mutex::new(String::new()),
             pidfd,
             handle,
             console,
@@ -145,7 +148,13 @@ impl QemuGuest {
     }
 
     pub(super) async fn connect(&self, within: Duration) -> Result<()> {
-        let hostname = format!("sbx-{}", &self.id[..12]);
+        self.connect_as(within, None).await
+    }
+
+    /// The channel handshake, setting `hostname` (else one derived from the VM's id).
+    pub(super) async fn connect_as(&self, within: Duration, hostname: Option<&str>) -> Result<()> {
+        let hostname = hostname.map_or_else(|| format!("sbx-{}", &self.id[..12]), str::to_string);
+        *self.hostname.lock().expect("hostname lock") = hostname.clone();
         let socket = cmdline::silkd_socket(&self.run_dir);
         let mut exited = self.exited.clone();
         let channel = tokio::select! {
@@ -218,6 +227,15 @@ impl Guest for QemuGuest {
 
     fn destroy(&self) -> BoxFuture<'_, ()> {
         Box::pin(self.kill_and_clean())
+    }
+
+    fn hostname(&self) -> Option<String> {
+        let h = self.hostname.lock().expect("hostname lock").clone();
+        Some(if h.is_empty() {
+            format!("sbx-{}", &self.id[..12])
+        } else {
+            h
+        })
     }
 
     fn fate(&self) -> &Fate {

@@ -30,6 +30,7 @@ mod console;
 mod guest;
 mod private;
 pub mod qmp;
+mod snapshot;
 mod spawn;
 pub mod tsc;
 
@@ -426,7 +427,21 @@ impl QemuEngine {
         let (mode, gid) = self.sealed();
         let memory = private::open_verified(&self.golden_memory(spec), mode, gid)?;
         let state = private::open_verified(&Self::golden_state(spec), mode, gid)?;
-        let boot = Self::boot_of(spec, Memory::ClonePrivate, Some((&memory, &state)))?;
+        let guest = self.clone_files(spec, &memory, &state, None).await?;
+        guest.cloned.store(true, Ordering::Relaxed);
+        Ok(guest)
+    }
+
+    /// Restores a clone of sealed `memory` and `state` (a golden's or a snapshot's) and
+    /// reseeds it (`hostname`, else one of its own).
+    async fn clone_files(
+        &self,
+        spec: &GuestSpec,
+        memory: &File,
+        state: &File,
+        hostname: Option<&str>,
+    ) -> Result<Arc<QemuGuest>> {
+        let boot = Self::boot_of(spec, Memory::ClonePrivate, Some((memory, state)))?;
         let accel = self.accel().await;
         let guest = self.launch(accel, &boot, true, self.boot_timeout).await?;
         let restored = async {
@@ -444,7 +459,7 @@ impl QemuEngine {
             if boot.balloon {
                 enable_balloon_stats(&mut qmp).await;
             }
-            guest.connect(self.boot_timeout).await
+            guest.connect_as(self.boot_timeout, hostname).await
         }
         .await;
         if let Err(e) = restored {
@@ -452,7 +467,6 @@ impl QemuEngine {
             guest.kill_and_clean().await;
             return Err(e);
         }
-        guest.cloned.store(true, Ordering::Relaxed);
         Ok(guest)
     }
 }
@@ -694,6 +708,29 @@ impl Engine for QemuEngine {
 
     fn adopt<'a>(&'a self, handle: &'a GuestHandle) -> BoxFuture<'a, Result<Arc<dyn Guest>>> {
         Box::pin(async move { self.adopt_guest(handle).await.map(|g| g as Arc<dyn Guest>) })
+    }
+
+    fn snapshot<'a>(
+        &'a self,
+        spec: &'a GuestSpec,
+        guest: &'a dyn Guest,
+        dir: &'a Path,
+        resume: bool,
+    ) -> BoxFuture<'a, Result<super::Captured>> {
+        Box::pin(self.snapshot_guest(spec, guest, dir, resume))
+    }
+
+    fn restore<'a>(
+        &'a self,
+        spec: &'a GuestSpec,
+        dir: &'a Path,
+        hostname: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Arc<dyn Guest>>> {
+        Box::pin(async move {
+            self.restore_guest(spec, dir, hostname)
+                .await
+                .map(|g| g as Arc<dyn Guest>)
+        })
     }
 
     fn sweep(&self, keep: &[GuestHandle]) {

@@ -1,6 +1,7 @@
 //! A small typed QMP client: one command at a time over QEMU's `-qmp unix:` socket,
 //! events skipped, errors returned with QEMU's own class and description.
 
+use std::os::fd::{AsRawFd, BorrowedFd, RawFd};
 use std::path::Path;
 use std::time::Duration;
 
@@ -61,6 +62,32 @@ impl Qmp {
             .write_all(line.as_bytes())
             .await
             .map_err(|e| Error::Engine(format!("QMP {command}: {e}")))?;
+        self.reply(command).await
+    }
+
+    /// Hands `fd` to QEMU under `name` (`getfd`, the descriptor riding in SCM_RIGHTS) for
+    /// an `fd:NAME` migration URI: QEMU opens nothing of sandboxd's by path, so a file it
+    /// may not open itself reaches it this way, and only this one.
+    pub async fn send_fd(&mut self, name: &str, fd: BorrowedFd<'_>) -> Result<()> {
+        let mut line = json!({ "execute": "getfd", "arguments": { "fdname": name } }).to_string();
+        line.push('\n');
+        let sock: &UnixStream = self.writer.as_ref();
+        let fail = |e: std::io::Error| Error::Engine(format!("QMP getfd: {e}"));
+        loop {
+            sock.writable().await.map_err(fail)?;
+            match sock.try_io(tokio::io::Interest::WRITABLE, || {
+                send_with_fd(sock.as_raw_fd(), line.as_bytes(), fd.as_raw_fd())
+            }) {
+                Ok(n) if n == line.len() => break,
+                Ok(n) => return Err(Error::Engine(format!("QMP getfd: short write ({n} bytes)"))),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+                Err(e) => return Err(fail(e)),
+            }
+        }
+        self.reply("getfd").await.map(drop)
+    }
+
+    async fn reply(&mut self, command: &str) -> Result<Value> {
         loop {
             let reply = self.read_message().await?;
             if reply.get("event").is_some() {
@@ -118,5 +145,38 @@ impl Qmp {
             return Err(Error::Engine("QMP: QEMU closed the monitor".into()));
         }
         serde_json::from_str(&line).map_err(|e| Error::Engine(format!("QMP: bad JSON {e}: {line}")))
+    }
+}
+
+/// One `sendmsg` of `bytes` with `fd` attached as SCM_RIGHTS; the bytes fit one small
+/// message, so a short write means the socket is broken.
+fn send_with_fd(sock: RawFd, bytes: &[u8], fd: RawFd) -> std::io::Result<usize> {
+    // SAFETY: CMSG_SPACE only computes a size.
+    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) } as usize;
+    let mut control = vec![0u8; space];
+    let mut iov = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    };
+    // SAFETY: msghdr is plain data; zeroed is a valid empty header, filled in below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    msg.msg_controllen = space as _;
+    // SAFETY: `control` holds CMSG_SPACE(one fd) bytes, so the first header and its data
+    // (one RawFd) lie inside it; the pointers stay valid for the sendmsg call.
+    let sent = unsafe {
+        let cmsg = libc::CMSG_FIRSTHDR(&msg);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg) as *mut RawFd, fd);
+        libc::sendmsg(sock, &msg, libc::MSG_NOSIGNAL)
+    };
+    if sent < 0 {
+        Err(std::io::Error::last_os_error())
+    } else {
+        Ok(sent as usize)
     }
 }

@@ -1,0 +1,171 @@
+//! Snapshots of running VMs and the guests restored from them (forks, woken sandboxes).
+//!
+//! A running clone's RAM is a private mapping of its golden, which `x-ignore-shared` does
+//! not skip; so a snapshot is made in two steps, and ends in exactly a golden's form:
+//! 1. the VM is paused and migrated whole (RAM and devices, one instant: its writable
+//!    layer is a tmpfs in that RAM) into `stream.tmp`, through an fd handed over QMP;
+//!    then it runs on (or, hibernating, stays paused for its destroy);
+//! 2. a helper QEMU that never runs the guest (`-incoming defer`, the source was paused
+//!    so it stays paused) loads that stream into a fresh shared memory file, saves its
+//!    device state with `x-ignore-shared` (≈ 100 KB), and is killed; the stream is
+//!    deleted; `memory` and `state.mig` are sealed like a golden's (0440, clones' group).
+//!
+//! A fork is then a clone of those files (`share=off,readonly=on`, no discard, reseeded
+//! clock, entropy, hostname), so any number of forks share the snapshot's pages.
+
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::cmdline::{self, Memory};
+use super::qmp::Qmp;
+use super::{ignore_shared, private, QemuEngine, QemuGuest, MIGRATION_TIMEOUT};
+use crate::engine::{Captured, Guest, GuestSpec};
+use crate::error::{Error, Result};
+
+/// The snapshot's guest RAM, mapped copy-on-write by every guest restored from it.
+pub const MEMORY: &str = "memory";
+/// Its device state (migration stream without RAM).
+pub const STATE: &str = "state.mig";
+const STATE_TMP: &str = "state.mig.tmp";
+const STREAM_TMP: &str = "stream.tmp";
+
+impl QemuEngine {
+    /// Step 1 and 2 above, into the empty private `dir`.
+    pub(super) async fn snapshot_guest(
+        &self,
+        spec: &GuestSpec,
+        guest: &dyn Guest,
+        dir: &Path,
+        resume: bool,
+    ) -> Result<Captured> {
+        let handle = guest
+            .handle()
+            .filter(|h| h.engine == "qemu" && h.run_dir.parent() == Some(&*self.run_root))
+            .ok_or_else(|| {
+                Error::Unsupported(format!("VM {} cannot be snapshotted now", guest.id()))
+            })?;
+        let stream_path = dir.join(STREAM_TMP);
+        let stream = private::create_file(&stream_path, 0o600)?;
+        let mut qmp = Qmp::connect(&cmdline::qmp_socket(&handle.run_dir), self.boot_timeout).await?;
+        let saved = async {
+            qmp.execute("stop", None).await?;
+            // The same capability on both ends of the stream (the helper sets it too);
+            // the source's RAM is private, so it is in the stream whatever this says.
+            qmp.execute("migrate-set-capabilities", Some(ignore_shared()))
+                .await?;
+            qmp.execute(
+                "migrate-set-parameters",
+                Some(json!({ "max-bandwidth": 100u64 << 30 })),
+            )
+            .await?;
+            qmp.send_fd("snapshot", stream.as_fd()).await?;
+            qmp.execute("migrate", Some(json!({ "uri": "fd:snapshot" })))
+                .await?;
+            qmp.wait_migration(MIGRATION_TIMEOUT).await
+        }
+        .await;
+        if resume || saved.is_err() {
+            resume_source(&mut qmp, guest.id()).await;
+        }
+        saved?;
+        drop(stream);
+        let sealed = self.seal_stream(spec, dir, &stream_path).await;
+        let _ = std::fs::remove_file(&stream_path);
+        if sealed.is_err() && !resume {
+            // A failed hibernation leaves the sandbox as it was: running.
+            resume_source(&mut qmp, guest.id()).await;
+        }
+        sealed?;
+        Ok(Captured { memory: true })
+    }
+
+    /// Step 2: the helper QEMU turns the whole stream into a memory file and a small
+    /// device state.
+    async fn seal_stream(&self, spec: &GuestSpec, dir: &Path, stream_path: &Path) -> Result<()> {
+        let stream = std::fs::File::open(stream_path)
+            .map_err(Error::io(format!("opening {}", stream_path.display())))?;
+        let memory_path = dir.join(MEMORY);
+        let state_tmp = dir.join(STATE_TMP);
+        let memory = private::create_file(&memory_path, 0o600)?;
+        let state = private::create_file(&state_tmp, 0o600)?;
+        let boot = Self::boot_of(spec, Memory::GoldenShared, Some((&memory, &state)))?;
+        let accel = self.accel().await;
+        let helper = self.launch(accel, &boot, true, self.boot_timeout).await?;
+        let saved = async {
+            let mut qmp =
+                Qmp::connect(&cmdline::qmp_socket(&helper.run_dir), self.boot_timeout).await?;
+            qmp.execute("migrate-set-capabilities", Some(ignore_shared()))
+                .await?;
+            qmp.send_fd("stream", stream.as_fd()).await?;
+            qmp.execute("migrate-incoming", Some(json!({ "uri": "fd:stream" })))
+                .await?;
+            qmp.wait_migration(MIGRATION_TIMEOUT).await?;
+            let status = qmp.execute("query-status", None).await?;
+            if status.get("running").and_then(|r| r.as_bool()) != Some(false) {
+                // It must never run: its writes would land in the shared file.
+                return Err(Error::Engine(format!(
+                    "the snapshot helper is not paused: {status}"
+                )));
+            }
+            qmp.execute(
+                "migrate-set-parameters",
+                Some(json!({ "max-bandwidth": 100u64 << 30 })),
+            )
+            .await?;
+            qmp.execute("migrate", Some(json!({ "uri": cmdline::state_uri() })))
+                .await?;
+            qmp.wait_migration(MIGRATION_TIMEOUT).await
+        }
+        .await;
+        let saved = saved.map_err(|e| helper.launch_error(e));
+        helper.kill_and_clean().await;
+        saved?;
+        let (mode, gid) = self.sealed();
+        let owner = gid.map(|g| (nix::unistd::geteuid().as_raw(), g));
+        private::hand_over(&memory, &memory_path, owner, mode)?;
+        private::hand_over(&state, &state_tmp, owner, mode)?;
+        memory
+            .sync_all()
+            .and_then(|_| state.sync_all())
+            .map_err(Error::io(format!("syncing {}", dir.display())))?;
+        drop_cache(&memory);
+        std::fs::rename(&state_tmp, dir.join(STATE))
+            .map_err(Error::io(format!("renaming {}", state_tmp.display())))
+    }
+
+    /// A guest restored from the snapshot in `dir`: a clone of its files.
+    pub(super) async fn restore_guest(
+        &self,
+        spec: &GuestSpec,
+        dir: &Path,
+        hostname: Option<&str>,
+    ) -> Result<Arc<QemuGuest>> {
+        let (mode, gid) = self.sealed();
+        let memory = private::open_verified(&dir.join(MEMORY), mode, gid)?;
+        let state = private::open_verified(&dir.join(STATE), mode, gid)?;
+        let guest = self.clone_files(spec, &memory, &state, hostname).await?;
+        guest.cloned.store(true, Ordering::Relaxed);
+        Ok(guest)
+    }
+}
+
+/// Lets the paused source run on: a failed snapshot changes nothing for it.
+async fn resume_source(qmp: &mut Qmp, guest: &str) {
+    if let Err(e) = qmp.execute("cont", None).await {
+        tracing::warn!(guest, "resuming after a snapshot: {e}");
+    }
+}
+
+/// Drops a written file's pages from the page cache: a hibernated sandbox's memory is to
+/// leave host RAM, and a snapshot's pages come back as forks touch them.
+fn drop_cache(file: &std::fs::File) {
+    use std::os::fd::AsRawFd;
+    // SAFETY: posix_fadvise on a file descriptor we own; advice only, no memory touched.
+    unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+}
