@@ -28,10 +28,12 @@ boot_timeout_seconds = 90
 [[tenants]]
 name = "a"
 token = "{TENANT_A}"
+max_claims = 8
 
 [[tenants]]
 name = "b"
 token = "{TENANT_B}"
+max_claims = 8
 
 [snapshots]
 max_per_tenant = 1
@@ -103,7 +105,7 @@ async fn snapshot_fork_hibernate_wake_and_restart() {
     std::fs::create_dir_all(tmp.path().join("shm")).unwrap();
     let text = config(tmp.path());
     let data: PathBuf = tmp.path().join("data");
-    let mut d = DaemonProcess::start(BIN, tmp.path(), &text).await;
+    let d = DaemonProcess::start(BIN, tmp.path(), &text).await;
 
     let (parent, ptoken) = d.claim_as(TENANT_A).await;
     sh(
@@ -247,10 +249,10 @@ async fn snapshot_fork_hibernate_wake_and_restart() {
     };
 
     // kill -9 and restart: the hibernated sandbox and the snapshot are both kept.
-    let (next, _, _) = restart::kill_and_restart(&mut d, BIN.as_ref(), tmp.path(), &text)
+    let mut first = d;
+    let (d, _, _) = restart::kill_and_restart(&mut first, BIN.as_ref(), tmp.path(), &text)
         .await
         .unwrap();
-    d = next;
     let mine: Value = d.call("GET", "/v1/snapshots", Some(TENANT_A), None).await.json();
     assert_eq!(mine["snapshots"][0]["id"], snap.as_str(), "{mine}");
     let row = d.call("GET", "/v1/sandboxes", Some(TENANT_A), None).await.json();

@@ -29,7 +29,8 @@ impl Accel {
 /// How guest RAM is backed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Memory {
-    /// Anonymous RAM (a cold boot that will not be snapshotted).
+    /// Anonymous RAM (a cold boot), in a backend named `mem` like the others: its
+    /// migration stream then fits a snapshot's helper, so cold boots can be snapshotted.
     Anonymous,
     /// The golden: a shared file (inherited as [`MEMORY_FD`]) other guests will map.
     GoldenShared,
@@ -217,23 +218,20 @@ pub fn args(l: &Launch<'_>) -> Vec<OsString> {
     push(&["-chardev", &console, "-serial", "chardev:con"]);
     let mem_path = fd_path(MEMORY_FD);
     let backend = match l.memory {
-        Memory::Anonymous => None,
-        Memory::GoldenShared => Some(format!(
-            "memory-backend-file,id=mem,size={mem},mem-path={mem_path},share=on"
-        )),
-        Memory::ClonePrivate => Some(format!(
+        Memory::Anonymous => format!("memory-backend-ram,id=mem,size={mem}"),
+        Memory::GoldenShared => {
+            format!("memory-backend-file,id=mem,size={mem},mem-path={mem_path},share=on")
+        }
+        Memory::ClonePrivate => format!(
             "memory-backend-file,id=mem,size={mem},mem-path={mem_path},share=off,readonly=on,rom=off"
-        )),
+        ),
     };
-    match backend {
-        Some(b) => push(&[
-            "-object",
-            &b,
-            "-M",
-            &format!("{machine},memory-backend=mem"),
-        ]),
-        None => push(&["-M", machine]),
-    }
+    push(&[
+        "-object",
+        &backend,
+        "-M",
+        &format!("{machine},memory-backend=mem"),
+    ]);
     push(&["-kernel", &fd_path(KERNEL_FD)]);
     push(&["-initrd", &fd_path(INITRD_FD)]);
     push(&[

@@ -48,20 +48,31 @@ impl QemuEngine {
             .ok_or_else(|| {
                 Error::Unsupported(format!("VM {} cannot be snapshotted now", guest.id()))
             })?;
+        if self.template_disk == cmdline::TemplateDisk::Pmem {
+            // The pmem region is a shared mapping of the image: a whole-RAM stream would
+            // carry it, and the helper could not load it into its read-only mapping.
+            return Err(Error::Unsupported(
+                "snapshots need `[qemu] template_disk = \"blk\"` (this node uses pmem)".into(),
+            ));
+        }
         let stream_path = dir.join(STREAM_TMP);
         let stream = private::create_file(&stream_path, 0o600)?;
         let mut qmp = Qmp::connect(&cmdline::qmp_socket(&handle.run_dir), self.boot_timeout).await?;
         let saved = async {
             qmp.execute("stop", None).await?;
-            // The same capability on both ends of the stream (the helper sets it too);
-            // the source's RAM is private, so it is in the stream whatever this says.
-            qmp.execute("migrate-set-capabilities", Some(ignore_shared()))
+            // A clone restored with `x-ignore-shared` on; this stream carries all RAM and
+            // its loader (the helper, whose RAM is shared) would refuse pages of a block
+            // it ignores, so both ends run without it.
+            qmp.execute("migrate-set-capabilities", Some(capability(false)))
                 .await?;
             qmp.execute(
                 "migrate-set-parameters",
                 Some(json!({ "max-bandwidth": 100u64 << 30 })),
             )
             .await?;
+            // `fd:` to a file is deprecated in QEMU 10 in favour of `file:/dev/fdset/N`,
+            // which matches the fd's access mode against QEMU's own open flags; `fd:`
+            // takes the descriptor as it is.
             qmp.send_fd("snapshot", stream.as_fd()).await?;
             qmp.execute("migrate", Some(json!({ "uri": "fd:snapshot" })))
                 .await?;
@@ -98,7 +109,7 @@ impl QemuEngine {
         let saved = async {
             let mut qmp =
                 Qmp::connect(&cmdline::qmp_socket(&helper.run_dir), self.boot_timeout).await?;
-            qmp.execute("migrate-set-capabilities", Some(ignore_shared()))
+            qmp.execute("migrate-set-capabilities", Some(capability(false)))
                 .await?;
             qmp.send_fd("stream", stream.as_fd()).await?;
             qmp.execute("migrate-incoming", Some(json!({ "uri": "fd:stream" })))
@@ -111,6 +122,9 @@ impl QemuEngine {
                     "the snapshot helper is not paused: {status}"
                 )));
             }
+            // Its own save leaves the (shared) RAM out: device state only, like a golden's.
+            qmp.execute("migrate-set-capabilities", Some(ignore_shared()))
+                .await?;
             qmp.execute(
                 "migrate-set-parameters",
                 Some(json!({ "max-bandwidth": 100u64 << 30 })),
@@ -151,6 +165,10 @@ impl QemuEngine {
         guest.cloned.store(true, Ordering::Relaxed);
         Ok(guest)
     }
+}
+
+fn capability(on: bool) -> serde_json::Value {
+    json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": on }] })
 }
 
 /// Lets the paused source run on: a failed snapshot changes nothing for it.
