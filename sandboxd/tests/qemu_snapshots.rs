@@ -11,6 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::{json, Value};
+use testkit::vm_leftovers::{VmCensus, VmCount};
 use testkit::{procs, restart, snapshots, wait_until, DaemonProcess, ROOT};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandboxd");
@@ -118,6 +119,9 @@ async fn snapshot_fork_hibernate_wake_and_restart() {
     )
     .await;
     let parent_host = sh(&d, &parent, &ptoken, "hostname").await;
+    let census = VmCensus::new(&data, &tmp.path().join("shm"));
+    let one_vm = census.count();
+    assert_eq!(one_vm.qemus, 1);
     let before = count(&d, &parent, &ptoken).await;
 
     // Hostile snapshot requests are refused before anything is written.
@@ -185,6 +189,12 @@ async fn snapshot_fork_hibernate_wake_and_restart() {
     for _ in 0..3 {
         forks.push(claim_fork(&d, TENANT_A, &snap).await);
     }
+    // Every fork maps the snapshot's one memory file (copy-on-write, shared pages).
+    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(files.join("memory")).unwrap());
+    for (id, _) in &forks {
+        let pid = restart::guest_pids(&data, id)[0];
+        assert!(testkit::host::maps_inode(pid, inode), "{id} does not map the snapshot");
+    }
     let mut hosts = vec![parent_host.clone()];
     let mut entropy = Vec::new();
     for (n, (id, token)) in forks.iter().enumerate() {
@@ -215,12 +225,44 @@ async fn snapshot_fork_hibernate_wake_and_restart() {
     counting(&d, &parent, &ptoken, at_snapshot).await;
     let seen = sh(&d, &parent, &ptoken, "cat /tmp/marker; ls /tmp").await;
     assert!(seen.starts_with("from-parent") && !seen.contains("own-"), "{seen}");
+    // Another sandbox's token cannot reach the parent's snapshot, hibernate or wake; a
+    // tenant token is not a sandbox token.
+    for action in ["snapshot", "hibernate", "wake"] {
+        let path = format!("/v1/sandboxes/{parent}/{action}");
+        let r = d.call("POST", &path, Some(&forks[0].1), Some("{}")).await;
+        assert_eq!(r.status, 404, "{action}: {}", r.text());
+        let r = d.call("POST", &path, Some(TENANT_A), Some("{}")).await;
+        assert_eq!(r.status, 403, "{action}: {}", r.text());
+    }
+    // A fork whose QEMU died cannot be snapshotted or hibernated: the sandbox's failure.
+    let dead = restart::guest_pids(&data, &forks[2].0)[0];
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(dead as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    wait_until(Duration::from_secs(10), "the fork failed", async || {
+        let rows: Value = d.call("GET", "/v1/sandboxes", Some(ROOT), None).await.json();
+        rows["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["id"] == forks[2].0.as_str() && r["state"] == "failed")
+    })
+    .await;
+    for action in ["snapshot", "hibernate"] {
+        let path = format!("/v1/sandboxes/{}/{action}", forks[2].0);
+        let r = d.call("POST", &path, Some(&forks[2].1), Some("{}")).await;
+        assert_eq!(r.status, 502, "{action}: {}", r.text());
+    }
     for (id, token) in &forks {
         let r = d
             .call("POST", &format!("/v1/sandboxes/{id}/release"), Some(token), None)
             .await;
         assert_eq!(r.status, 204);
     }
+    // Back to the parent alone: the snapshot's helper QEMU left nothing either.
+    census.wait_for(one_vm).await;
     assert_eq!(snapshots::digests(&files), digests, "forks changed the snapshot");
 
     // Hibernate: its QEMU and memory go; its id, token and state stay.
@@ -235,6 +277,14 @@ async fn snapshot_fork_hibernate_wake_and_restart() {
         !procs::alive(qemu)
     })
     .await;
+    let nothing = VmCount {
+        qemus: 0,
+        run_dirs: 0,
+        sockets: 0,
+        memory_files: 0,
+        cgroups: 0,
+    };
+    census.wait_for(nothing).await;
     eprintln!(
         "hibernate: MemAvailable {} -> {} KiB",
         avail,
@@ -248,8 +298,13 @@ async fn snapshot_fork_hibernate_wake_and_restart() {
         dir
     };
 
-    // kill -9 and restart: the hibernated sandbox and the snapshot are both kept.
+    // kill -9 and restart (with no disk to spare): the hibernated sandbox and the
+    // snapshot are both kept.
     let mut first = d;
+    let text = text.replace(
+        "max_per_tenant = 1",
+        "max_per_tenant = 2\nmin_free_bytes = 1152921504606846976",
+    );
     let (d, _, _) = restart::kill_and_restart(&mut first, BIN.as_ref(), tmp.path(), &text)
         .await
         .unwrap();
@@ -263,9 +318,25 @@ async fn snapshot_fork_hibernate_wake_and_restart() {
     counting(&d, &parent, &ptoken, c).await;
     assert_eq!(sh(&d, &parent, &ptoken, "hostname").await, parent_host);
     assert!(!at_sleep.exists(), "the hibernation files outlived the wake");
+    // The disk is checked before anything is written: 507, and no file left.
+    for action in ["snapshot", "hibernate"] {
+        let path = format!("/v1/sandboxes/{parent}/{action}");
+        let r = d.call("POST", &path, Some(&ptoken), Some("{}")).await;
+        assert_eq!(r.status, 507, "{action}: {}", r.text());
+        assert!(error_of(&r).contains("min_free_bytes"), "{}", r.text());
+    }
     let r = d
         .call("DELETE", &format!("/v1/snapshots/{snap}"), Some(TENANT_A), None)
         .await;
     assert_eq!(r.status, 204);
     assert!(!files.exists());
+    let r = d
+        .call("POST", &format!("/v1/sandboxes/{parent}/release"), Some(&ptoken), None)
+        .await;
+    assert_eq!(r.status, 204);
+    census.wait_for(nothing).await;
+    for dir in ["snapshots", "hibernated"] {
+        let left: Vec<_> = std::fs::read_dir(data.join(dir)).unwrap().collect();
+        assert!(left.is_empty(), "{dir}: {left:?}");
+    }
 }

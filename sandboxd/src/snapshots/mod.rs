@@ -91,6 +91,9 @@ impl Node {
         }
         let ttl = ttl.min(cfg.max_ttl_seconds);
         self.wake(sandbox).await?;
+        if let Some(e) = sandbox.failed_error() {
+            return Err(e);
+        }
         let key = PoolKey {
             template: sandbox.template.clone(),
             size: sandbox.size.clone(),
