@@ -102,7 +102,9 @@ impl Node {
         let inputs = self.engine.golden_inputs(&spec)?;
         // One snapshot at a time per node: the quota check and the write are one step.
         let _writing = self.snapshot_lock.lock().await;
-        let expected = spec.size_config.memory_mib << 20;
+        // At most its memory (a VM, whose writable layer is inside it) or its writable
+        // layer (a process sandbox): both, to be safe for either engine.
+        let expected = (spec.size_config.memory_mib + spec.size_config.disk_mib) << 20;
         self.check_quota(sandbox.tenant.as_deref(), expected)?;
         // The stream and the memory file exist together for a moment.
         self.check_disk(expected * 2)?;

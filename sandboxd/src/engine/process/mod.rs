@@ -28,6 +28,7 @@ mod guest;
 mod jail;
 pub mod seccomp;
 mod silkd_files;
+mod snapshot;
 mod userns;
 
 use self::guest::ProcessGuest;
@@ -344,6 +345,40 @@ fn above_targets(fd: OwnedFd) -> Result<OwnedFd> {
 }
 
 impl Engine for ProcessEngine {
+    fn snapshot<'a>(
+        &'a self,
+        _spec: &'a GuestSpec,
+        guest: &'a dyn Guest,
+        dir: &'a Path,
+        resume: bool,
+    ) -> BoxFuture<'a, Result<super::Captured>> {
+        Box::pin(async move {
+            if !resume {
+                return Err(Error::Unsupported(
+                    "the process engine cannot hibernate: its sandboxes are processes with no                      memory image to write out, so nothing would be freed"
+                        .into(),
+                ));
+            }
+            snapshot::capture(guest, dir).await
+        })
+    }
+
+    fn restore<'a>(
+        &'a self,
+        spec: &'a GuestSpec,
+        dir: &'a Path,
+        _hostname: Option<&'a str>,
+    ) -> BoxFuture<'a, Result<Arc<dyn Guest>>> {
+        Box::pin(async move {
+            let guest = self.start(spec).await?;
+            if let Err(e) = snapshot::unpack(&*guest, dir).await {
+                guest.destroy().await;
+                return Err(e);
+            }
+            Ok(guest)
+        })
+    }
+
     fn info(&self) -> api::EngineInfo {
         let mut warnings = self.cgroups.warnings().to_vec();
         warnings.extend(self.weakened.iter().cloned());
