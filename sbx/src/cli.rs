@@ -70,6 +70,32 @@ pub enum Cmd {
         /// The command's pid (from `sbx exec --detach` or `sbx ps`).
         pid: u32,
     },
+    /// Snapshots: take one of a running sandbox, list them, delete one.
+    Snapshot {
+        #[command(subcommand)]
+        cmd: crate::snapshot::SnapshotCmd,
+    },
+    /// Claim a fork of a snapshot; print its id, token and deadline.
+    Fork {
+        /// Snapshot id.
+        snapshot: String,
+        /// Lifetime in seconds (the node's default when absent).
+        #[arg(long)]
+        ttl: Option<u64>,
+        /// Print the claim answer as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Hibernate a sandbox: written to disk, memory freed; the next call wakes it.
+    Hibernate {
+        /// Sandbox id.
+        id: String,
+    },
+    /// Wake a hibernated sandbox now.
+    Wake {
+        /// Sandbox id.
+        id: String,
+    },
     /// Release a sandbox (an already released one is not an error).
     Release {
         /// Sandbox id.

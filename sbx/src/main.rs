@@ -1,7 +1,8 @@
 //! `sbx`: sandboxd from a terminal — claim, exec (streamed over the relay; `-t` under a
 //! pseudo-terminal; `--detach` outliving sbx), shell (an interactive login shell), ps,
 //! attach (follow a detached command), run (claim, exec, release), release, renew, ls,
-//! info, cp (files in and out), port-forward, mcp. A thin layer over `sandbox_sdk`:
+//! info, cp (files in and out), port-forward, mcp, snapshot (take, ls, rm), fork,
+//! hibernate, wake. A thin layer over `sandbox_sdk`:
 //! argument parsing, printing, exit codes and signals only.
 //!
 //! Exit codes: `exec` and `run` exit with the command's code (128 + signal when a signal
@@ -24,6 +25,7 @@ mod manage;
 mod mcp;
 mod progress;
 mod shell;
+mod snapshot;
 mod terminal;
 
 use std::process::ExitCode;
@@ -58,6 +60,14 @@ async fn main() -> ExitCode {
         Cmd::Ps { id } => detach::ps(&client, id).await,
         Cmd::Attach { id, pid } => detach::attach(&client, id, pid).await,
         Cmd::Shell { id, cwd, user } => shell_cmd(&client, id, cwd, user).await,
+        Cmd::Snapshot { cmd } => plain(snapshot::snapshot_cmd(&client, cmd).await),
+        Cmd::Fork {
+            snapshot: snap,
+            ttl,
+            json,
+        } => plain(snapshot::fork_cmd(&client, snap, ttl, json).await),
+        Cmd::Hibernate { id } => plain(snapshot::power_cmd(&client, id, true).await),
+        Cmd::Wake { id } => plain(snapshot::power_cmd(&client, id, false).await),
         Cmd::Release { id } => plain(client.sandbox(id).release().await),
         Cmd::Renew { id, ttl } => plain(renew_cmd(&client, id, ttl).await),
         Cmd::Ls { target: None, json } => plain(ls_cmd(&client, json).await),

@@ -3,14 +3,24 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sandbox_sdk::{Client, Error};
+use sandbox_sdk::{ClaimOptions, Client, Error};
 
 use crate::cli::{claim_options, ClaimArgs};
 use crate::progress::with_progress;
 
 /// `sbx claim`: prints the id, token and deadline (or the claim answer as JSON).
 pub async fn claim_cmd(client: &Client, args: ClaimArgs, json: bool) -> Result<(), Error> {
-    let sandbox = with_progress("claiming a sandbox", client.claim(claim_options(args))).await?;
+    claim_with(client, "claiming a sandbox", claim_options(args), json).await
+}
+
+/// Claims with `opts` (a fresh sandbox or a fork) and prints it as `sbx claim` does.
+pub async fn claim_with(
+    client: &Client,
+    what: &str,
+    opts: ClaimOptions,
+    json: bool,
+) -> Result<(), Error> {
+    let sandbox = with_progress(what, client.claim(opts)).await?;
     let token = sandbox.token().unwrap_or_default();
     let deadline = sandbox.deadline_unix().unwrap_or_default();
     if json {

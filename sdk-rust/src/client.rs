@@ -54,7 +54,7 @@ impl std::fmt::Debug for Client {
 /// ```
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct ClaimOptions {
-    body: api::ClaimRequest,
+    pub(crate) body: api::ClaimRequest,
 }
 
 impl ClaimOptions {
@@ -234,12 +234,12 @@ impl Client {
             .expect(StatusCode::OK)
     }
 
-    fn token(&self) -> Option<&str> {
+    pub(crate) fn token(&self) -> Option<&str> {
         self.inner.token.as_deref()
     }
 
     /// One HTTP call to the node.
-    async fn call(
+    pub(crate) async fn call(
         &self,
         method: Method,
         path: &str,

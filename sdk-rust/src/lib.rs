@@ -62,6 +62,7 @@ mod port;
 mod process;
 mod relay;
 mod sandbox;
+mod snapshot;
 mod transport;
 
 // Every type a public signature names is reachable from here, so callers need not
@@ -80,6 +81,7 @@ pub use outcome::{ExitStatus, Output, Signal};
 pub use port::PortStream;
 pub use process::{Event, OutputStream, Process, ProcessStdin};
 pub use sandbox::{DeadlineDisplay, ReleaseOnDrop, Sandbox};
+pub use snapshot::{Snapshot, SnapshotInfo, SnapshotOptions};
 pub use wire::files::{FileEntry, FileKind, FsEvent, FsEventKind};
 pub use wire::{ProcInfo, ProcState, Pty};
 

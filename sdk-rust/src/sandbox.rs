@@ -225,7 +225,12 @@ impl Sandbox {
         format!("/v1/sandboxes/{}/{verb}", self.id)
     }
 
-    async fn call(&self, method: Method, verb: &str, json: Option<Vec<u8>>) -> Result<Answer> {
+    pub(crate) async fn call(
+        &self,
+        method: Method,
+        verb: &str,
+        json: Option<Vec<u8>>,
+    ) -> Result<Answer> {
         self.http
             .send(method, &self.path(verb), self.token(), json)
             .await
