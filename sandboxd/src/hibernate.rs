@@ -79,12 +79,17 @@ impl Node {
             return Ok(());
         }
         let bound = Duration::from_secs(self.config.boot_timeout_seconds * 2);
-        tokio::time::timeout(bound, self.wake_now(sandbox))
-            .await
-            .map_err(|_| Error::Busy {
+        match tokio::time::timeout(bound, self.wake_now(sandbox)).await {
+            Err(_) => Err(Error::Busy {
                 reason: format!("sandbox {} is still waking", sandbox.id),
                 retry_after: 2,
-            })?
+            }),
+            // Not restored: to the caller, a guest that cannot be reached (502); the
+            // sandbox stays hibernated and the next call tries again.
+            Ok(Err(e @ (Error::Guest(_) | Error::Busy { .. } | Error::Store { .. }))) => Err(e),
+            Ok(Err(e)) => Err(Error::Guest(format!("waking the sandbox: {e}"))),
+            Ok(Ok(())) => Ok(()),
+        }
     }
 
     async fn wake_now(&self, sandbox: &Arc<Sandbox>) -> Result<()> {

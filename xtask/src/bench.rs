@@ -40,6 +40,10 @@ pub enum Bench {
     /// against a local `cp` and pipe; 1,000 small files as a directory (as root); builds
     /// the guest image first.
     Files,
+    /// Snapshots on the qemu engine: snapshot time, fork-to-ready next to a golden
+    /// clone, memory per idle fork, hibernate time and memory freed, wake to first exec;
+    /// builds the guest image first.
+    Snapshots,
     /// Any name that is not a known benchmark.
     #[command(external_subcommand)]
     Unknown(Vec<String>),
@@ -97,6 +101,10 @@ pub fn run(which: Bench) -> Result<()> {
         Bench::Vm => {
             image::run(&image::Args::default())?;
             run_example("bench vm", "bench_vm")
+        }
+        Bench::Snapshots => {
+            image::run(&image::Args::default())?;
+            run_example("bench snapshots", "bench_snapshots")
         }
         Bench::Templates => {
             image::run(&image::Args::default())?;
@@ -191,14 +199,15 @@ mod tests {
                 "isolation",
                 "restart",
                 "soak",
-                "files"
+                "files",
+                "snapshots"
             ]
         );
         let err = run(Bench::Unknown(vec!["nope".into()])).unwrap_err();
         assert_eq!(
             err.to_string(),
             "unknown benchmark `nope`; known benchmarks: exec, exec-memory, vm, templates, isolation, \
-             restart, soak, files"
+             restart, soak, files, snapshots"
         );
     }
 }
