@@ -9,7 +9,7 @@
 //!    10, next to clone-to-ready from the golden, median of 10, interleaved.
 //! 3. Host memory per idle fork: 10 forks idle, RSS and Pss per QEMU and the drop of
 //!    `MemAvailable` per fork.
-//! 4. Hibernate: time to write out and destroy a VM that has touched 128 MiB, the
+//! 4. Hibernate: time to write out and destroy a VM with 96 MiB in its tmpfs, the
 //!    QEMU's RSS before, and `MemAvailable` before and after.
 //! 5. Wake to first exec: restore of the hibernated VM until `true` has run in it.
 
@@ -125,7 +125,7 @@ async fn bench() -> Result<(), BoxError> {
             cpus: 1,
             memory_mib: MEMORY_MIB,
             max_pids: 512,
-            disk_mib: 64,
+            disk_mib: 128,
         },
         no_balloon: false,
         golden_dir: data.join("golden"),
@@ -208,7 +208,7 @@ async fn bench() -> Result<(), BoxError> {
     }
 
     // 4. Hibernate, 5. wake to first exec.
-    sh(&*parent, "head -c 100663296 /dev/urandom > /tmp/more").await?;
+    sh(&*parent, "head -c 67108864 /dev/urandom > /tmp/more").await?;
     let (rss_before, _) = rss_pss_kib(parent_pid)?;
     let avail_before = mem_available_kib()?;
     let sleep_dir = data.join("hibernated");
@@ -221,7 +221,7 @@ async fn bench() -> Result<(), BoxError> {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let avail_after = mem_available_kib()?;
     println!(
-        "  hibernate (32+96 MiB touched): {:>8.1} ms; QEMU RSS before {:.1} MiB; host \
+        "  hibernate (32+64 MiB in its tmpfs): {:>8.1} ms; QEMU RSS before {:.1} MiB; host \
          MemAvailable +{:.1} MiB; {:.1} MiB on disk",
         ms(hibernate),
         mib(rss_before),

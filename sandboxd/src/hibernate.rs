@@ -20,13 +20,24 @@ use crate::pool::PoolKey;
 /// The hostname a hibernated guest had, kept beside its files.
 const HOSTNAME: &str = "hostname";
 
+/// `sb-` and 16 hex digits, the shape `Claims` gives ids: the only names ever joined to
+/// `data_dir/hibernated` (a record's id is data, never a path).
+pub fn is_sandbox_id(id: &str) -> bool {
+    id.strip_prefix("sb-")
+        .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 impl Node {
     fn hibernation_dir(&self, id: &str) -> PathBuf {
+        debug_assert!(is_sandbox_id(id), "{id}");
         self.config.data_dir.join("hibernated").join(id)
     }
 
     /// Deletes a sandbox's hibernation files, if it has any.
     pub(crate) fn drop_hibernation(&self, id: &str) {
+        if !is_sandbox_id(id) {
+            return;
+        }
         let dir = self.hibernation_dir(id);
         if dir.exists() {
             if let Err(e) = std::fs::remove_dir_all(&dir) {
@@ -48,6 +59,12 @@ impl Node {
             template: sandbox.template.clone(),
             size: sandbox.size.clone(),
         })?;
+        if !is_sandbox_id(&sandbox.id) {
+            return Err(Error::Unsupported(format!(
+                "sandbox {} has an id from before hibernation existed",
+                sandbox.id
+            )));
+        }
         self.check_disk(spec.size_config.memory_mib << 20)?;
         let dir = self.hibernation_dir(&sandbox.id);
         let _ = std::fs::remove_dir_all(&dir);
@@ -170,5 +187,16 @@ impl Guest for Dormant {
 
     fn fate(&self) -> &Fate {
         &self.fate
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn only_claim_shaped_ids_name_hibernation_files() {
+        assert!(super::is_sandbox_id("sb-0123456789abcdef"));
+        for hostile in ["", "sb-", "..", "sb-../../../etc/x", "sb-0123456789abcdeg", "sb-0123456789abcdef/"] {
+            assert!(!super::is_sandbox_id(hostile), "{hostile:?}");
+        }
     }
 }

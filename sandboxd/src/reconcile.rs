@@ -45,10 +45,12 @@ pub async fn reconcile(
         if rec.deadline_ms <= now {
             tracing::info!(id = %rec.id, "claim expired while sandboxd was down; reaping it");
             store.delete_claim(&rec.id)?;
-            let _ = std::fs::remove_dir_all(hibernated.join(&rec.id));
+            if crate::hibernate::is_sandbox_id(&rec.id) {
+                let _ = std::fs::remove_dir_all(hibernated.join(&rec.id));
+            }
             expired += 1;
         } else if rec.hibernated {
-            if hibernated.join(&rec.id).is_dir() {
+            if crate::hibernate::is_sandbox_id(&rec.id) && hibernated.join(&rec.id).is_dir() {
                 tracing::info!(id = %rec.id, "kept hibernated sandbox");
                 dormant.push(rec);
             } else {

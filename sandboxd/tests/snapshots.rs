@@ -2,7 +2,7 @@
 //! the writable layer only (`"memory": false`), a fork sees the snapshot's files and
 //! neither sees the other's later writes, hibernation is refused with a typed 409, the
 //! byte quota answers 429 naming its key, tenants see only their own snapshots, and a
-//! deleted snapshot leaves no file.
+//! deleted or expired snapshot leaves no file.
 
 use serde_json::{json, Value};
 use testkit::{Daemon, Setup, TENANT_A, TENANT_B};
@@ -82,5 +82,19 @@ async fn process_snapshots_carry_the_writable_layer_only() {
     let body = json!({ "snapshot": snap }).to_string();
     let r = d.call("POST", "/v1/claim", Some(TENANT_A), Some(&body)).await;
     assert_eq!(r.status, 404, "a deleted snapshot cannot be forked: {}", r.text());
+
+    // A snapshot past its TTL is gone: unlisted, unforkable, its files deleted.
+    let r = d.call("POST", &path, Some(&ptoken), Some(r#"{"ttl_seconds": 1}"#)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let short = r.json()["snapshot_id"].as_str().unwrap().to_string();
+    let short_files = d.dir.join("snapshots").join(&short);
+    testkit::wait_until(
+        std::time::Duration::from_secs(30),
+        "the expired snapshot deleted",
+        async || !short_files.exists(),
+    )
+    .await;
+    let listed: Value = d.call("GET", "/v1/snapshots", Some(TENANT_A), None).await.json();
+    assert_eq!(listed["snapshots"], json!([]));
     d.stop().await;
 }

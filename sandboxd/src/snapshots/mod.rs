@@ -71,7 +71,10 @@ fn disk_bytes(dir: &Path) -> u64 {
 }
 
 impl Node {
+    /// A snapshot's directory; `id` has [`valid_id`]'s shape (checked by every caller:
+    /// ids from requests and from the database alike are data, never paths).
     fn snapshot_dir(&self, id: &str) -> PathBuf {
+        debug_assert!(valid_id(id), "{id}");
         self.config.data_dir.join("snapshots").join(id)
     }
 
@@ -273,7 +276,7 @@ impl Node {
         };
         for s in all.iter().filter(|s| s.expires_ms <= now) {
             tracing::info!(id = %s.id, "snapshot expired; deleting it");
-            if self.store.delete_snapshot(&s.id).is_ok() {
+            if self.store.delete_snapshot(&s.id).is_ok() && valid_id(&s.id) {
                 let _ = std::fs::remove_dir_all(self.snapshot_dir(&s.id));
             }
         }
