@@ -4,7 +4,8 @@
 //! sits next to its baseline.
 //!
 //! 1. Snapshot time of a running clone (pause, whole-RAM stream, helper seal), median
-//!    of 3, with the snapshot's bytes on disk.
+//!    of 3, with the snapshot's bytes on disk; the engine's log lines give each one's
+//!    pause of the source VM (`paused=`) next to its total.
 //! 2. Fork-to-ready (restore from the snapshot until silkd answers `Info`), median of
 //!    10, next to clone-to-ready from the golden, median of 10, interleaved.
 //! 3. Host memory per idle fork: 10 forks idle, RSS and Pss per QEMU and the drop of
@@ -34,6 +35,15 @@ use host_mem::{mem_available_kib, qemu_pids, rss_pss_kib};
 type BoxError = Box<dyn std::error::Error>;
 
 fn main() -> std::process::ExitCode {
+    // The engine logs each snapshot's pause of its source VM and its total time.
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            "sandboxd::engine::qemu::snapshot=info",
+        ))
+        .with_target(false)
+        .with_ansi(false)
+        .without_time()
+        .init();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
