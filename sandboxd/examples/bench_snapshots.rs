@@ -85,7 +85,12 @@ async fn sh(guest: &dyn Guest, script: &str) -> Result<(), BoxError> {
 fn disk_kib(dir: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::read_dir(dir)
-        .map(|es| es.flatten().filter_map(|e| e.metadata().ok()).map(|m| m.blocks() / 2).sum())
+        .map(|es| {
+            es.flatten()
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.blocks() / 2)
+                .sum()
+        })
         .unwrap_or(0)
 }
 
@@ -149,7 +154,11 @@ async fn bench() -> Result<(), BoxError> {
         engine.info().accelerator.unwrap_or_default()
     );
     // A parent with state: a file and 32 MiB of touched memory in its tmpfs.
-    sh(&*parent, "echo kept > /tmp/f && head -c 33554432 /dev/urandom > /tmp/blob").await?;
+    sh(
+        &*parent,
+        "echo kept > /tmp/f && head -c 33554432 /dev/urandom > /tmp/blob",
+    )
+    .await?;
 
     // 1. Snapshot time.
     let snaps = data.join("snapshots");
@@ -239,10 +248,16 @@ async fn bench() -> Result<(), BoxError> {
         mib(disk_kib(&sleep_dir))
     );
     let t = Instant::now();
-    let woken = engine.restore(&spec, &sleep_dir, hostname.as_deref()).await?;
+    let woken = engine
+        .restore(&spec, &sleep_dir, hostname.as_deref())
+        .await?;
     sh(&*woken, "true").await?;
     let wake = t.elapsed();
-    sh(&*woken, "test \"$(cat /tmp/f)\" = kept && test -s /tmp/more").await?;
+    sh(
+        &*woken,
+        "test \"$(cat /tmp/f)\" = kept && test -s /tmp/more",
+    )
+    .await?;
     println!("  wake to first exec:            {:>8.1} ms", ms(wake));
     woken.destroy().await;
     Ok(())

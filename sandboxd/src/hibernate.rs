@@ -120,7 +120,10 @@ impl Node {
         })?;
         let dir = self.hibernation_dir(&sandbox.id);
         let hostname = std::fs::read_to_string(dir.join(HOSTNAME)).ok();
-        let guest = self.engine.restore(&spec, &dir, hostname.as_deref()).await?;
+        let guest = self
+            .engine
+            .restore(&spec, &dir, hostname.as_deref())
+            .await?;
         if let Err(e) = self
             .store
             .set_hibernated(&sandbox.id, false, guest.handle().as_ref())
@@ -195,7 +198,14 @@ mod tests {
     #[test]
     fn only_claim_shaped_ids_name_hibernation_files() {
         assert!(super::is_sandbox_id("sb-0123456789abcdef"));
-        for hostile in ["", "sb-", "..", "sb-../../../etc/x", "sb-0123456789abcdeg", "sb-0123456789abcdef/"] {
+        for hostile in [
+            "",
+            "sb-",
+            "..",
+            "sb-../../../etc/x",
+            "sb-0123456789abcdeg",
+            "sb-0123456789abcdef/",
+        ] {
             assert!(!super::is_sandbox_id(hostile), "{hostile:?}");
         }
     }

@@ -98,7 +98,8 @@ impl Node {
                 config.templates.values().find_map(|t| t.image.clone()),
             )?),
         };
-        let mut reconciled = crate::reconcile::reconcile(&*engine, &store, &data_dir.join("hibernated")).await?;
+        let mut reconciled =
+            crate::reconcile::reconcile(&*engine, &store, &data_dir.join("hibernated")).await?;
         let metrics = Arc::new(Metrics::new());
         let shutdown = CancellationToken::new();
         let pools = Pools::start(
@@ -318,7 +319,7 @@ impl Node {
             }
             while destroying.try_join_next().is_some() {}
             ticks += 1;
-            if ticks % SNAPSHOT_EXPIRY_TICKS == 0 {
+            if ticks.is_multiple_of(SNAPSHOT_EXPIRY_TICKS) {
                 self.expire_snapshots();
             }
             for sandbox in self.claims.take_expired(now_ms()) {
@@ -353,12 +354,10 @@ impl Node {
             .filter_map(|s| self.claims.remove(&s.id))
             .collect();
         let keep = self.config.on_stop == OnStop::Keep;
-        let (kept, doomed): (Vec<_>, Vec<_>) = claimed
-            .into_iter()
-            .partition(|s| {
-                // A hibernated sandbox's files and record are all it is: kept as they are.
-                keep && (s.is_hibernated() || s.guest().handle().is_some() && s.failure().is_none())
-            });
+        let (kept, doomed): (Vec<_>, Vec<_>) = claimed.into_iter().partition(|s| {
+            // A hibernated sandbox's files and record are all it is: kept as they are.
+            keep && (s.is_hibernated() || s.guest().handle().is_some() && s.failure().is_none())
+        });
         for s in &kept {
             s.guest().leave_running();
         }

@@ -173,15 +173,24 @@ async fn snapshot_fork_hibernate_wake_and_restart() {
         "snap-",
     ] {
         let body = json!({ "snapshot": id }).to_string();
-        let r = d.call("POST", "/v1/claim", Some(TENANT_B), Some(&body)).await;
+        let r = d
+            .call("POST", "/v1/claim", Some(TENANT_B), Some(&body))
+            .await;
         assert_eq!(r.status, 404, "{id}: {}", r.text());
         let r = d
-            .call("DELETE", &format!("/v1/snapshots/{id}"), Some(TENANT_B), None)
+            .call(
+                "DELETE",
+                &format!("/v1/snapshots/{id}"),
+                Some(TENANT_B),
+                None,
+            )
             .await;
         assert_eq!(r.status, 404, "{id}: {}", r.text());
     }
     let body = json!({ "snapshot": snap, "size": "large" }).to_string();
-    let r = d.call("POST", "/v1/claim", Some(TENANT_A), Some(&body)).await;
+    let r = d
+        .call("POST", "/v1/claim", Some(TENANT_A), Some(&body))
+        .await;
     assert_eq!(r.status, 400, "{}", r.text());
 
     // Three forks.
@@ -190,18 +199,28 @@ async fn snapshot_fork_hibernate_wake_and_restart() {
         forks.push(claim_fork(&d, TENANT_A, &snap).await);
     }
     // Every fork maps the snapshot's one memory file (copy-on-write, shared pages).
-    let inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(files.join("memory")).unwrap());
+    let inode =
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(files.join("memory")).unwrap());
     for (id, _) in &forks {
         let pid = restart::guest_pids(&data, id)[0];
-        assert!(testkit::host::maps_inode(pid, inode), "{id} does not map the snapshot");
+        assert!(
+            testkit::host::maps_inode(pid, inode),
+            "{id} does not map the snapshot"
+        );
     }
     let mut hosts = vec![parent_host.clone()];
     let mut entropy = Vec::new();
     for (n, (id, token)) in forks.iter().enumerate() {
         assert_eq!(sh(&d, id, token, "cat /tmp/marker").await, "from-parent");
         let c = count(&d, id, token).await;
-        assert!(c >= before, "{id}: counter {c} is behind the snapshot's {before}");
-        assert!(c <= at_snapshot + 50, "{id}: counter {c}, parent was at {at_snapshot}");
+        assert!(
+            c >= before,
+            "{id}: counter {c} is behind the snapshot's {before}"
+        );
+        assert!(
+            c <= at_snapshot + 50,
+            "{id}: counter {c}, parent was at {at_snapshot}"
+        );
         counting(&d, id, token, c).await;
         hosts.push(sh(&d, id, token, "hostname").await);
         entropy.push(sh(&d, id, token, "head -c 16 /dev/urandom | od -An -tx1").await);
@@ -218,13 +237,19 @@ async fn snapshot_fork_hibernate_wake_and_restart() {
     for (n, (id, token)) in forks.iter().enumerate() {
         let seen = sh(&d, id, token, "ls /tmp").await;
         for other in (0..3).filter(|o| *o != n) {
-            assert!(!seen.contains(&format!("own-{other}")), "{id} sees fork {other}: {seen}");
+            assert!(
+                !seen.contains(&format!("own-{other}")),
+                "{id} sees fork {other}: {seen}"
+            );
         }
     }
     // The parent goes on: still counting, its own file, none of the forks'.
     counting(&d, &parent, &ptoken, at_snapshot).await;
     let seen = sh(&d, &parent, &ptoken, "cat /tmp/marker; ls /tmp").await;
-    assert!(seen.starts_with("from-parent") && !seen.contains("own-"), "{seen}");
+    assert!(
+        seen.starts_with("from-parent") && !seen.contains("own-"),
+        "{seen}"
+    );
     // Another sandbox's token cannot reach the parent's snapshot, hibernate or wake; a
     // tenant token is not a sandbox token.
     for action in ["snapshot", "hibernate", "wake"] {
@@ -242,7 +267,10 @@ async fn snapshot_fork_hibernate_wake_and_restart() {
     )
     .unwrap();
     wait_until(Duration::from_secs(10), "the fork failed", async || {
-        let rows: Value = d.call("GET", "/v1/sandboxes", Some(ROOT), None).await.json();
+        let rows: Value = d
+            .call("GET", "/v1/sandboxes", Some(ROOT), None)
+            .await
+            .json();
         rows["sandboxes"]
             .as_array()
             .unwrap()
@@ -257,20 +285,34 @@ async fn snapshot_fork_hibernate_wake_and_restart() {
     }
     for (id, token) in &forks {
         let r = d
-            .call("POST", &format!("/v1/sandboxes/{id}/release"), Some(token), None)
+            .call(
+                "POST",
+                &format!("/v1/sandboxes/{id}/release"),
+                Some(token),
+                None,
+            )
             .await;
         assert_eq!(r.status, 204);
     }
     // Back to the parent alone: the snapshot's helper QEMU left nothing either.
     census.wait_for(one_vm).await;
-    assert_eq!(snapshots::digests(&files), digests, "forks changed the snapshot");
+    assert_eq!(
+        snapshots::digests(&files),
+        digests,
+        "forks changed the snapshot"
+    );
 
     // Hibernate: its QEMU and memory go; its id, token and state stay.
     sh(&d, &parent, &ptoken, "echo before-sleep > /tmp/slept").await;
     let qemu = restart::guest_pids(&data, &parent)[0];
     let avail = snapshots::mem_available_kib();
     let r = d
-        .call("POST", &format!("/v1/sandboxes/{parent}/hibernate"), Some(&ptoken), None)
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{parent}/hibernate"),
+            Some(&ptoken),
+            None,
+        )
         .await;
     assert_eq!(r.status, 204, "{}", r.text());
     wait_until(Duration::from_secs(10), "the QEMU gone", async || {
@@ -290,7 +332,10 @@ async fn snapshot_fork_hibernate_wake_and_restart() {
         avail,
         snapshots::mem_available_kib()
     );
-    let row = d.call("GET", "/v1/sandboxes", Some(TENANT_A), None).await.json();
+    let row = d
+        .call("GET", "/v1/sandboxes", Some(TENANT_A), None)
+        .await
+        .json();
     assert_eq!(row["sandboxes"][0]["state"], "hibernated", "{row}");
     let at_sleep = {
         let dir = data.join("hibernated").join(&parent);
@@ -308,16 +353,28 @@ async fn snapshot_fork_hibernate_wake_and_restart() {
     let (d, _, _) = restart::kill_and_restart(&mut first, BIN.as_ref(), tmp.path(), &text)
         .await
         .unwrap();
-    let mine: Value = d.call("GET", "/v1/snapshots", Some(TENANT_A), None).await.json();
+    let mine: Value = d
+        .call("GET", "/v1/snapshots", Some(TENANT_A), None)
+        .await
+        .json();
     assert_eq!(mine["snapshots"][0]["id"], snap.as_str(), "{mine}");
-    let row = d.call("GET", "/v1/sandboxes", Some(TENANT_A), None).await.json();
+    let row = d
+        .call("GET", "/v1/sandboxes", Some(TENANT_A), None)
+        .await
+        .json();
     assert_eq!(row["sandboxes"][0]["state"], "hibernated", "{row}");
     // An exec wakes it: its files, its counter going on, its hostname.
     let c = count(&d, &parent, &ptoken).await;
-    assert_eq!(sh(&d, &parent, &ptoken, "cat /tmp/slept").await, "before-sleep");
+    assert_eq!(
+        sh(&d, &parent, &ptoken, "cat /tmp/slept").await,
+        "before-sleep"
+    );
     counting(&d, &parent, &ptoken, c).await;
     assert_eq!(sh(&d, &parent, &ptoken, "hostname").await, parent_host);
-    assert!(!at_sleep.exists(), "the hibernation files outlived the wake");
+    assert!(
+        !at_sleep.exists(),
+        "the hibernation files outlived the wake"
+    );
     // The disk is checked before anything is written: 507, and no file left.
     for action in ["snapshot", "hibernate"] {
         let path = format!("/v1/sandboxes/{parent}/{action}");
@@ -326,12 +383,22 @@ async fn snapshot_fork_hibernate_wake_and_restart() {
         assert!(error_of(&r).contains("min_free_bytes"), "{}", r.text());
     }
     let r = d
-        .call("DELETE", &format!("/v1/snapshots/{snap}"), Some(TENANT_A), None)
+        .call(
+            "DELETE",
+            &format!("/v1/snapshots/{snap}"),
+            Some(TENANT_A),
+            None,
+        )
         .await;
     assert_eq!(r.status, 204);
     assert!(!files.exists());
     let r = d
-        .call("POST", &format!("/v1/sandboxes/{parent}/release"), Some(&ptoken), None)
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{parent}/release"),
+            Some(&ptoken),
+            None,
+        )
         .await;
     assert_eq!(r.status, 204);
     census.wait_for(nothing).await;

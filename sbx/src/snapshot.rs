@@ -59,7 +59,10 @@ pub async fn snapshot_cmd(client: &Client, cmd: SnapshotCmd) -> Result<(), Error
             let snapshots = client.snapshots().await?;
             if json {
                 let list = api::snapshots::SnapshotList { snapshots };
-                println!("{}", serde_json::to_string_pretty(&list).expect("serializes"));
+                println!(
+                    "{}",
+                    serde_json::to_string_pretty(&list).expect("serializes")
+                );
                 return Ok(());
             }
             println!(

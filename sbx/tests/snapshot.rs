@@ -67,7 +67,11 @@ async fn sdk_and_sbx_snapshot_fork_and_hibernate() {
         assert!(second.starts_with("snap-"), "{second}");
         let out = sbx(&d, &["hibernate", parent.id()]);
         assert_eq!(out.status.code(), Some(1));
-        assert!(text(&out.stderr).contains("cannot hibernate"), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("cannot hibernate"),
+            "{}",
+            text(&out.stderr)
+        );
         for s in [&snap.snapshot_id, &second] {
             let out = sbx(&d, &["snapshot", "rm", s]);
             assert!(out.status.success(), "{}", text(&out.stderr));

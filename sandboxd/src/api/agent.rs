@@ -7,7 +7,7 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderValue, CONNECTION, UPGRADE};
 use hyper::{Request, Response, StatusCode};
 
-use super::{empty, awake_for, Body};
+use super::{awake_for, empty, Body};
 use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::node::Node;

@@ -14,7 +14,7 @@ use hyper::header::{HeaderValue, CONTENT_TYPE};
 use hyper::{Request, Response, StatusCode};
 use tokio::sync::mpsc;
 
-use super::{read_json, awake_for, status_of, Body};
+use super::{awake_for, read_json, status_of, Body};
 use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::exec::{self, Finished};

@@ -21,7 +21,7 @@ use wire::files::{self as wf, DATA_CHUNK};
 use wire::{Request as Verb, Response as Answer};
 
 use super::query::Query;
-use super::{empty, json, read_json, awake_for, Body};
+use super::{awake_for, empty, json, read_json, Body};
 use crate::auth::Caller;
 use crate::error::{Error, Result};
 use crate::files::{self, entry_json, unexpected};

@@ -247,7 +247,10 @@ impl Node {
     }
 
     /// `GET /v1/snapshots`: the caller's (root: all) unexpired snapshots.
-    pub fn list_snapshots(&self, tenant: Option<&str>) -> Result<Vec<api::snapshots::SnapshotInfo>> {
+    pub fn list_snapshots(
+        &self,
+        tenant: Option<&str>,
+    ) -> Result<Vec<api::snapshots::SnapshotInfo>> {
         let now = now_ms();
         Ok(self
             .store

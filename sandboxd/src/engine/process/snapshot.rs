@@ -39,7 +39,10 @@ pub(super) async fn capture(guest: &dyn Guest, dir: &Path) -> Result<Captured> {
             .open(&path)
             .map_err(Error::io(format!("creating {}", path.display())))?;
         let mut file = tokio::fs::File::from_std(file);
-        let mut conn = Framed::new(guest.dial().await?, HostCodec::new().with_max(FILES_FRAME_MAX));
+        let mut conn = Framed::new(
+            guest.dial().await?,
+            HostCodec::new().with_max(FILES_FRAME_MAX),
+        );
         conn.send(Request::TarOut(wire::files::PathArg {
             path: layer.into(),
             user: Some("root".into()),
@@ -69,7 +72,10 @@ pub(super) async fn unpack(guest: &dyn Guest, dir: &Path) -> Result<()> {
         let mut file = tokio::fs::File::open(&path)
             .await
             .map_err(Error::io(format!("opening {}", path.display())))?;
-        let mut conn = Framed::new(guest.dial().await?, HostCodec::new().with_max(FILES_FRAME_MAX));
+        let mut conn = Framed::new(
+            guest.dial().await?,
+            HostCodec::new().with_max(FILES_FRAME_MAX),
+        );
         conn.send(Request::TarIn(wire::files::TarIn {
             path: layer.into(),
             user: Some("root".into()),

@@ -59,7 +59,8 @@ impl QemuEngine {
         }
         let stream_path = dir.join(STREAM_TMP);
         let stream = private::create_file(&stream_path, 0o600)?;
-        let mut qmp = Qmp::connect(&cmdline::qmp_socket(&handle.run_dir), self.boot_timeout).await?;
+        let mut qmp =
+            Qmp::connect(&cmdline::qmp_socket(&handle.run_dir), self.boot_timeout).await?;
         let started = std::time::Instant::now();
         let saved = async {
             qmp.execute("stop", None).await?;
@@ -124,7 +125,9 @@ impl QemuEngine {
         // allocates a block and dirties it for writeback while the load goes on; the
         // data is then copied to disk once, holes skipped. A crash leaves the tmpfs file
         // to the next start's sweep (anything there that is not a golden's).
-        let staged_path = self.memory_dir.join(format!("snapshot-{}.mem", super::guest::random_id()));
+        let staged_path = self
+            .memory_dir
+            .join(format!("snapshot-{}.mem", super::guest::random_id()));
         let staged = private::create_file(&staged_path, 0o600)?;
         let state = private::create_file(&state_tmp, 0o600)?;
         let boot = Self::boot_of(spec, Memory::GoldenShared, Some((&staged, &state)))?;
