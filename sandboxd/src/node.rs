@@ -135,7 +135,7 @@ impl Node {
             shutdown,
             reaper: Mutex::new(None),
         });
-        node.sweep_snapshot_files();
+        node.sweep_orphan_files();
         let reaper = tokio::spawn(node.clone().reaper());
         *node.reaper.lock().expect("reaper lock") = Some(reaper);
         Ok(node)

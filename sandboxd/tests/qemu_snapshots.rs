@@ -4,8 +4,9 @@
 //! none of the others' writes; the parent goes on unaffected; the snapshot's files stay
 //! byte-identical), tenant isolation and hostile ids and names, the quota; then
 //! hibernate (its QEMU and cgroup gone, host memory measured), a `kill -9` and restart
-//! keeping the hibernated sandbox and the snapshot, and an exec that wakes it with its
-//! state and hostname. One daemon, one parent and three forks: TCG VMs are slow.
+//! keeping the hibernated sandbox and the snapshot (which still forks) and sweeping the
+//! files a crash mid-write would leave, an exec that wakes it with its state and
+//! hostname, and the disk headroom checked before writing. One daemon, one parent and three forks: TCG VMs are slow.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -345,6 +346,15 @@ async fn snapshot_fork_hibernate_wake_and_restart() {
 
     // kill -9 and restart (with no disk to spare): the hibernated sandbox and the
     // snapshot are both kept.
+    // What a crash mid-write would leave: files no record owns, swept at the start.
+    let strays = [
+        data.join("snapshots/snap-0123456789abcdef01234567"),
+        data.join("hibernated/sb-0123456789abcdef"),
+    ];
+    for s in &strays {
+        std::fs::create_dir(s).unwrap();
+        std::fs::write(s.join("memory"), b"half").unwrap();
+    }
     let mut first = d;
     let text = text.replace(
         "max_per_tenant = 1",

@@ -285,20 +285,26 @@ impl Node {
         }
     }
 
-    /// At start: deletes every snapshot directory without a row.
-    pub(crate) fn sweep_snapshot_files(&self) {
+    /// At start: deletes every snapshot directory without a row and every hibernation
+    /// directory without a hibernated claim (what a crash mid-write leaves).
+    pub(crate) fn sweep_orphan_files(&self) {
         let Ok(all) = self.store.snapshots() else {
             return;
         };
-        let root = self.config.data_dir.join("snapshots");
-        let Ok(entries) = std::fs::read_dir(&root) else {
-            return;
+        let owned = |dir: &str, name: &str| match dir {
+            "snapshots" => all.iter().any(|s| s.id == name),
+            _ => self.claims.get(name).is_some_and(|s| s.is_hibernated()),
         };
-        for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if !all.iter().any(|s| s.id == name) {
-                tracing::info!(name, "deleting snapshot files no record owns");
-                let _ = std::fs::remove_dir_all(e.path());
+        for dir in ["snapshots", "hibernated"] {
+            let Ok(entries) = std::fs::read_dir(self.config.data_dir.join(dir)) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if !owned(dir, &name) {
+                    tracing::info!(name, "deleting {dir} files no record owns");
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
             }
         }
     }
