@@ -141,7 +141,7 @@ pub enum Error {
     },
     /// The engine or the sandbox's state does not allow the operation (409).
     #[error("{0}")]
-    Unsupported(String),
+    Conflict(String),
     /// A per-tenant quota is used up (429): the message names the limit and its key.
     #[error("{0}")]
     Quota(String),

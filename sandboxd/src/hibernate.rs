@@ -60,7 +60,7 @@ impl Node {
             size: sandbox.size.clone(),
         })?;
         if !is_sandbox_id(&sandbox.id) {
-            return Err(Error::Unsupported(format!(
+            return Err(Error::Conflict(format!(
                 "sandbox {} has an id from before hibernation existed",
                 sandbox.id
             )));
@@ -181,7 +181,7 @@ impl Guest for Dormant {
     }
 
     fn dial(&self) -> BoxFuture<'_, Result<GuestStream>> {
-        Box::pin(async { Err(Error::Unsupported("the sandbox is hibernated".into())) })
+        Box::pin(async { Err(Error::Conflict("the sandbox is hibernated".into())) })
     }
 
     fn destroy(&self) -> BoxFuture<'_, ()> {

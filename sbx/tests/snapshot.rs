@@ -45,7 +45,10 @@ async fn sdk_and_sbx_snapshot_fork_and_hibernate() {
         let unknown = client
             .claim(ClaimOptions::from_snapshot("snap-000000000000000000000000"))
             .await;
-        assert!(matches!(unknown, Err(Error::NotFound)), "{unknown:?}");
+        assert!(
+            matches!(unknown, Err(Error::NotFound { .. })),
+            "{unknown:?}"
+        );
         let refused = parent.hibernate().await;
         assert!(
             matches!(&refused, Err(Error::Unexpected { status: 409, .. })),

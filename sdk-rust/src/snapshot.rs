@@ -90,7 +90,9 @@ impl Client {
     pub async fn delete_snapshot(&self, id: &str) -> Result<()> {
         if !id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') || id.is_empty() {
             // Never a path of its own: anything else is no snapshot of ours.
-            return Err(crate::Error::NotFound);
+            return Err(crate::Error::NotFound {
+                what: format!("snapshot {id} not found"),
+            });
         }
         self.call(
             Method::DELETE,

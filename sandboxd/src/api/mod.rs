@@ -259,7 +259,7 @@ pub fn status_of(error: &Error) -> StatusCode {
         Error::TooManyClaims(_) | Error::TooManyRelays { .. } | Error::Quota(_) => {
             StatusCode::TOO_MANY_REQUESTS
         }
-        Error::Unsupported(_) => StatusCode::CONFLICT,
+        Error::Conflict(_) => StatusCode::CONFLICT,
         Error::Busy { .. } | Error::ShuttingDown => StatusCode::SERVICE_UNAVAILABLE,
         Error::Timeout { .. } => StatusCode::GATEWAY_TIMEOUT,
         Error::Guest(_)

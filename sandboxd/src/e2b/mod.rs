@@ -7,7 +7,7 @@
 //!   and the one place an [`Error`] becomes an E2B answer (REST `{"code","message"}`,
 //!   Connect `{"code": "not_found", ...}`).
 //! - `rest.rs`: sandbox lifecycle (`/sandboxes`, `/v2/sandboxes`), onto claims and TTLs.
-//! - `lifecycle.rs`: pause and resume, the one place that will call hibernate and wake.
+//! - `lifecycle.rs`: pause and resume, the one place that calls hibernate and wake.
 //! - `record.rs`: what is kept with a claim (metadata, env vars) and the access tokens.
 //! - `envelope.rs`: the Connect envelope codec (pure).
 //! - `connect.rs`: Connect unary and server-stream plumbing over hyper.
@@ -162,15 +162,20 @@ async fn agent(e2b: &E2b, req: Request<Incoming>) -> Response<Body> {
     if path == "/health" {
         // As E2B's proxy answers for a sandbox that is gone: 502 (`is_running` → False).
         return match agent_sandbox(e2b, req.headers()) {
-            Ok(_) => status_only(StatusCode::NO_CONTENT),
-            Err(Error::NotFound) => json(
+            Ok(s) if !s.is_hibernated() => status_only(StatusCode::NO_CONTENT),
+            // A paused sandbox is not running, and a health probe must not wake it.
+            Ok(_) | Err(Error::NotFound) => json(
                 StatusCode::BAD_GATEWAY,
                 &serde_json::json!({"code": 502, "message": "the sandbox is not running"}),
             ),
             Err(e) => rest_error(&e, None),
         };
     }
-    let sandbox = match agent_sandbox(e2b, req.headers()) {
+    let woken = match agent_sandbox(e2b, req.headers()) {
+        Ok(s) => e2b.node.wake(&s).await.map(|()| s),
+        Err(e) => Err(e),
+    };
+    let sandbox = match woken {
         Ok(s) => s,
         Err(e) if path == "/files" => return rest_error(&e, None),
         Err(e) => return connect::error_response(&e, connect::is_stream(req.headers())),
@@ -209,7 +214,7 @@ fn agent_sandbox(e2b: &E2b, headers: &HeaderMap) -> Result<Arc<Sandbox>> {
     if !own {
         return Err(Error::Unauthorized);
     }
-    lifecycle::running(e2b, id)
+    e2b.node.sandbox(id)
 }
 
 /// Who an agent call runs as: the SDK's `user=` arrives as `Authorization: Basic

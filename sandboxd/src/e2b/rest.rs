@@ -91,7 +91,7 @@ pub(super) async fn dispatch(
         (&Method::POST, [id, "connect"]) => {
             let sandbox = owned(e2b, tenant.as_deref(), id)?;
             let body: Timeout = read_json(e2b, req).await?;
-            let sandbox = lifecycle::running(e2b, &sandbox.id)?;
+            let sandbox = lifecycle::running(e2b, &sandbox.id).await?;
             // Connecting extends the lifetime, never shortens it.
             if let Some(t) = body.timeout {
                 let wanted = now_ms() / 1000 + t;
@@ -170,6 +170,7 @@ async fn create(e2b: &E2b, tenant: Option<&str>, req: Request<Incoming>) -> Resu
                 template: Some(template),
                 size: None,
                 ttl_seconds: body.timeout,
+                snapshot: None,
             },
         )
         .await?;

@@ -148,7 +148,7 @@ pub trait Engine: Send + Sync + 'static {
         _resume: bool,
     ) -> BoxFuture<'a, Result<Captured>> {
         Box::pin(async move {
-            Err(crate::error::Error::Unsupported(format!(
+            Err(crate::error::Error::Conflict(format!(
                 "the {} engine cannot snapshot sandboxes",
                 self.info().name
             )))
@@ -164,7 +164,7 @@ pub trait Engine: Send + Sync + 'static {
         _hostname: Option<&'a str>,
     ) -> BoxFuture<'a, Result<Arc<dyn Guest>>> {
         Box::pin(async move {
-            Err(crate::error::Error::Unsupported(format!(
+            Err(crate::error::Error::Conflict(format!(
                 "the {} engine cannot restore snapshots",
                 self.info().name
             )))

@@ -113,7 +113,7 @@ impl Node {
         self.check_disk(expected * 2)?;
         let _power = sandbox.power.lock().await;
         if sandbox.is_hibernated() {
-            return Err(Error::Unsupported(format!(
+            return Err(Error::Conflict(format!(
                 "sandbox {} was hibernated meanwhile; wake it and retry",
                 sandbox.id
             )));
@@ -230,7 +230,7 @@ impl Node {
         };
         let spec = self.pools.spec(&key)?;
         if self.engine.golden_inputs(&spec)? != rec.inputs {
-            return Err(Error::Unsupported(format!(
+            return Err(Error::Conflict(format!(
                 "snapshot {id} was taken with another image or engine setting of template \
                  {:?} than the node runs now; it cannot be restored",
                 rec.template

@@ -354,7 +354,7 @@ impl Engine for ProcessEngine {
     ) -> BoxFuture<'a, Result<super::Captured>> {
         Box::pin(async move {
             if !resume {
-                return Err(Error::Unsupported(
+                return Err(Error::Conflict(
                     "the process engine cannot hibernate: its sandboxes are processes with no                      memory image to write out, so nothing would be freed"
                         .into(),
                 ));

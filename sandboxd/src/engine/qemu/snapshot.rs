@@ -48,12 +48,12 @@ impl QemuEngine {
             .handle()
             .filter(|h| h.engine == "qemu" && h.run_dir.parent() == Some(&*self.run_root))
             .ok_or_else(|| {
-                Error::Unsupported(format!("VM {} cannot be snapshotted now", guest.id()))
+                Error::Conflict(format!("VM {} cannot be snapshotted now", guest.id()))
             })?;
         if self.template_disk == cmdline::TemplateDisk::Pmem {
             // The pmem region is a shared mapping of the image: a whole-RAM stream would
             // carry it, and the helper could not load it into its read-only mapping.
-            return Err(Error::Unsupported(
+            return Err(Error::Conflict(
                 "snapshots need `[qemu] template_disk = \"blk\"` (this node uses pmem)".into(),
             ));
         }
