@@ -135,6 +135,7 @@ async fn bench() -> Result<(), BoxError> {
             rootfs: image.join("rootfs"),
             image: Some(image.clone()),
             meta: sandboxd::template::TemplateMeta::load(&image)?,
+            detach_ring_bytes: None,
         },
         size_config: SizeConfig {
             cpus: 1,
