@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 
+pub mod cluster;
 pub mod files;
 pub mod snapshots;
 

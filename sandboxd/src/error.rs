@@ -93,6 +93,17 @@ pub enum Error {
         /// What its engine recorded.
         why: String,
     },
+    /// Cluster: the sandbox's owner left the cluster (its lease expired) with it.
+    #[error("sandbox {id} was lost with its node {node:?} (the node left the cluster)")]
+    Lost {
+        /// The sandbox.
+        id: String,
+        /// Its owner.
+        node: String,
+    },
+    /// Cluster: the node a request was forwarded to could not be reached.
+    #[error("cluster peer: {0}")]
+    Peer(String),
     /// The HTTP client hung up or stopped reading; nobody is left to answer. Not a guest
     /// failure: logs and metrics count it apart (status 499, never sent).
     #[error("client gone: {0}")]

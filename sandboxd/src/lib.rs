@@ -21,6 +21,8 @@
 //! - [`metrics`]: Prometheus metrics.
 //! - [`template`]: a template's default user, workdir and env (from its image's
 //!   manifest), rendered as silkd's flags.
+//! - [`cluster`]: `[cluster]`: membership in etcd, placement, ownership and forwarding to
+//!   the owner, tenant limits across nodes, drain.
 //! - [`serve`]: connections: the `[http]` cap and the header, idle and write timeouts.
 //! - [`e2b`]: the optional E2B-compatible listener (`[e2b]`), a translation onto the above.
 //!
@@ -30,6 +32,7 @@
 pub mod api;
 pub mod auth;
 pub mod claims;
+pub mod cluster;
 pub mod config;
 pub mod e2b;
 pub mod engine;
@@ -115,10 +118,28 @@ pub async fn run(
     config.validate()?;
     serve::raise_fd_limit(&config.http);
     let node = Node::start(config).await?;
+    if let Some(c) = node.config.cluster.clone() {
+        let bound = match &listener {
+            Listener::Tcp(l) => l.local_addr().ok(),
+            Listener::Unix(_) => None,
+        };
+        let cluster = match cluster::Cluster::join(c, bound).await {
+            Ok(cluster) => cluster,
+            Err(e) => {
+                node.shutdown().await;
+                return Err(e);
+            }
+        };
+        let _ = node.cluster.set(cluster.clone());
+        cluster::membership::spawn(cluster, node.clone());
+    }
     let e2b = match &node.config.e2b {
         Some(c) => match e2b::start(node.clone(), c).await {
             Ok(l) => Some(l),
             Err(e) => {
+                if let Some(cluster) = node.cluster.get() {
+                    cluster.leave().await;
+                }
                 node.shutdown().await;
                 return Err(e);
             }
@@ -149,6 +170,9 @@ pub async fn run(
     tracing::info!(on_stop = ?node.config.on_stop, "shutting down");
     if let Some(e2b) = e2b {
         e2b.stop().await;
+    }
+    if let Some(cluster) = node.cluster.get() {
+        cluster.leave().await;
     }
     node.shutdown().await;
     let _ = tokio::time::timeout(DRAIN, async {

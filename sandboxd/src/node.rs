@@ -53,6 +53,8 @@ pub struct Node {
     pub reconciled: crate::reconcile::Reconciled,
     /// One snapshot written at a time (its quota check and write are one step).
     pub(crate) snapshot_lock: tokio::sync::Mutex<()>,
+    /// `[cluster]`: set once, right after start, when configured.
+    pub cluster: std::sync::OnceLock<Arc<crate::cluster::Cluster>>,
     shutdown: CancellationToken,
     reaper: Mutex<Option<JoinHandle<()>>>,
 }
@@ -132,6 +134,7 @@ impl Node {
             store,
             reconciled,
             snapshot_lock: tokio::sync::Mutex::new(()),
+            cluster: std::sync::OnceLock::new(),
             shutdown,
             reaper: Mutex::new(None),
         });

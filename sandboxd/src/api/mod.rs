@@ -8,6 +8,7 @@
 //! relay modules; nothing below this layer knows about HTTP statuses.
 
 mod agent;
+mod cluster;
 mod exec;
 pub(crate) mod files;
 mod operator;
@@ -94,11 +95,15 @@ pub enum Route {
     SnapshotList,
     /// `DELETE /v1/snapshots/{id}`
     SnapshotDelete,
+    /// `GET /v1/cluster`
+    ClusterView,
+    /// `POST /v1/node/drain`
+    Drain,
 }
 
 impl Route {
     /// The whole table; routing and the docs test both read it.
-    pub const ALL: [Route; 26] = [
+    pub const ALL: [Route; 28] = [
         Route::Healthz,
         Route::Metrics,
         Route::Info,
@@ -125,6 +130,8 @@ impl Route {
         Route::Wake,
         Route::SnapshotList,
         Route::SnapshotDelete,
+        Route::ClusterView,
+        Route::Drain,
     ];
 
     /// Method and path pattern (`{id}` matches one segment).
@@ -156,6 +163,8 @@ impl Route {
             Route::Wake => (Method::POST, "/v1/sandboxes/{id}/wake"),
             Route::SnapshotList => (Method::GET, "/v1/snapshots"),
             Route::SnapshotDelete => (Method::DELETE, "/v1/snapshots/{id}"),
+            Route::ClusterView => (Method::GET, "/v1/cluster"),
+            Route::Drain => (Method::POST, "/v1/node/drain"),
         }
     }
 
@@ -193,6 +202,8 @@ impl Route {
             Route::FsDelete => &[204, 400, 401, 403, 404, 502, 503],
             Route::FsMkdir | Route::FsRename => &[204, 400, 401, 403, 404, 408, 413, 502, 503, 507],
             Route::ArchivePut => &[204, 400, 401, 403, 404, 408, 502, 503, 507],
+            Route::ClusterView => &[200, 400, 401, 403],
+            Route::Drain => &[200, 400, 401, 403, 408, 413],
         }
     }
 
@@ -248,6 +259,7 @@ pub fn status_of(error: &Error) -> StatusCode {
         Error::Unauthorized => StatusCode::UNAUTHORIZED,
         Error::Forbidden => StatusCode::FORBIDDEN,
         Error::NotFound | Error::PathNotFound(_) => StatusCode::NOT_FOUND,
+        Error::Lost { .. } => StatusCode::GONE,
         Error::PermissionDenied(_) => StatusCode::FORBIDDEN,
         Error::NoSpace(_) => StatusCode::INSUFFICIENT_STORAGE,
         Error::RangeNotSatisfiable { .. } => StatusCode::RANGE_NOT_SATISFIABLE,
@@ -265,7 +277,8 @@ pub fn status_of(error: &Error) -> StatusCode {
         Error::Guest(_)
         | Error::Wire(_)
         | Error::SandboxFailed { .. }
-        | Error::PortUnreachable(_) => StatusCode::BAD_GATEWAY,
+        | Error::PortUnreachable(_)
+        | Error::Peer(_) => StatusCode::BAD_GATEWAY,
         Error::ClientGone(_) => CLIENT_GONE,
         Error::Config(_) | Error::Engine(_) | Error::Store { .. } | Error::Io { .. } => {
             StatusCode::INTERNAL_SERVER_ERROR
@@ -284,6 +297,7 @@ pub(crate) fn tenant_message(error: &Error, incident: &str) -> Option<String> {
         }
         Error::SandboxFailed { id, .. } => format!("sandbox {id} has failed: its guest stopped"),
         Error::Guest(_) | Error::Wire(_) => "the sandbox's guest could not be reached".to_string(),
+        Error::Peer(_) => "the node that owns it could not be reached".to_string(),
         _ => return None,
     };
     Some(format!(
@@ -358,11 +372,15 @@ pub(crate) async fn read_json<T: DeserializeOwned>(
     req: Request<Incoming>,
     empty_ok: bool,
 ) -> Result<T, Error> {
-    let bytes = read_body(node, req.into_body(), MAX_BODY).await?;
+    decode_json(&read_body(node, req.into_body(), MAX_BODY).await?, empty_ok)
+}
+
+/// Decodes a whole request body strictly (see [`read_json`]).
+fn decode_json<T: DeserializeOwned>(bytes: &[u8], empty_ok: bool) -> Result<T, Error> {
     let bytes: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) && empty_ok {
         b"{}"
     } else {
-        &bytes
+        bytes
     };
     if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(Error::BadRequest(
@@ -438,6 +456,14 @@ async fn dispatch(
     if route == Route::Healthz {
         return Ok(json(StatusCode::OK, &serde_json::json!({"status": "ok"})));
     }
+    // Cluster: a sandbox another node owns is that node's to answer, token check included.
+    let req = match &id {
+        Some(id) => match cluster::forward_for(&node, id, req).await? {
+            Ok(req) => req,
+            Err(owner_answer) => return Ok(owner_answer),
+        },
+        None => req,
+    };
     let caller = node.auth.identify(req.headers(), &node.claims)?;
     *caller_out = Some(caller.clone());
     let id = id.unwrap_or_default();
@@ -446,10 +472,16 @@ async fn dispatch(
         Route::Metrics => operator::metrics(&node, &caller),
         Route::Info => operator::info(&node, &caller),
         Route::Pools => operator::put_pools(&node, &caller, req).await,
-        Route::Claim => sandboxes::claim(&node, &caller, req).await,
+        Route::Claim => match node.cluster.get() {
+            Some(c) => cluster::claim(&node, c, &caller, req).await,
+            None => sandboxes::claim(&node, &caller, req).await,
+        },
         Route::List => sandboxes::list(&node, &caller),
         Route::Get => sandboxes::get(&node, &caller, &id),
-        Route::Release => sandboxes::release(&node, &caller, &id).await,
+        Route::Release => match node.cluster.get() {
+            Some(c) => cluster::release(&node, c, &caller, &id).await,
+            None => sandboxes::release(&node, &caller, &id).await,
+        },
         Route::Renew => sandboxes::renew(&node, &caller, &id, req).await,
         Route::Exec => exec::exec(&node, &caller, &id, req).await,
         Route::Agent => agent::agent(&node, &caller, &id, req).await,
@@ -468,6 +500,8 @@ async fn dispatch(
         Route::Wake => snapshots::wake(&node, &caller, &id).await,
         Route::SnapshotList => snapshots::list(&node, &caller),
         Route::SnapshotDelete => snapshots::delete(&node, &caller, &id),
+        Route::ClusterView => cluster::view(&node, &caller),
+        Route::Drain => cluster::drain(&node, &caller, req).await,
     }
 }
 

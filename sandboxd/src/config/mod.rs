@@ -17,6 +17,7 @@ pub use self::e2b::E2bConfig;
 pub use self::engines::{AccelChoice, ProcessConfig, QemuConfig, QemuMachine, TemplateDisk};
 pub use self::limits::{ExecConfig, HttpConfig};
 pub use self::snapshots::SnapshotsConfig;
+pub use crate::cluster::config::ClusterConfig;
 use crate::error::{Error, Result};
 
 /// The whole file.
@@ -96,6 +97,9 @@ pub struct Config {
     /// Snapshot lifetimes, quotas and disk headroom.
     #[serde(default)]
     pub snapshots: SnapshotsConfig,
+    /// `[cluster]`: one of several nodes coordinated through etcd; a single node without.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterConfig>,
 }
 
 /// Which engine makes guests.
@@ -360,6 +364,10 @@ impl Config {
         }
         for t in &mut c.tenants {
             t.token = "<redacted>".into();
+        }
+        if let Some(cluster) = &mut c.cluster {
+            cluster.peer_token = "<redacted>".into();
+            cluster.etcd_password = cluster.etcd_password.as_ref().map(|_| "<redacted>".into());
         }
         toml::to_string(&c).unwrap_or_else(|e| format!("<unprintable config: {e}>"))
     }

@@ -4,16 +4,19 @@
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 
-use super::{Config, EngineKind};
+use super::{Config, EngineKind, ListenAddr};
 use crate::error::{Error, Result};
 
 impl Config {
     /// Checks everything other modules rely on. The one place config rules live.
     pub fn validate(&self) -> Result<()> {
         let bad = |msg: String| Err(Error::Config(msg));
-        self.listen_addr()?;
+        let listen = self.listen_addr()?;
         if let Some(e2b) = &self.e2b {
             e2b.validate(&self.templates)?;
+        }
+        if let Some(cluster) = &self.cluster {
+            cluster.validate(matches!(listen, ListenAddr::Unix(_)))?;
         }
         if self.data_dir.as_os_str().is_empty() {
             return bad("data_dir is empty".into());

@@ -1,0 +1,147 @@
+//! `[cluster]`: the etcd endpoints, this node's name and advertised URL, the peer secret
+//! and the lease TTL, with their one validation. No `[cluster]` means a single node.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// `[cluster]`: this node is one of several that act as one service through etcd.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterConfig {
+    /// etcd client endpoints (`http://host:port`), any subset of the etcd cluster.
+    pub etcd: Vec<String>,
+    /// This node's name, unique in the cluster; its membership key and ownership
+    /// records carry it, so a restarted node with the same name takes its sandboxes back.
+    pub node_name: String,
+    /// How the other nodes reach this one (`http://host:port`); the bound TCP address
+    /// when absent (then `listen` must not be a wildcard or a Unix socket).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advertise_url: Option<String>,
+    /// Shared secret nodes present to each other (`x-sandboxd-peer`), marking a request
+    /// as already routed so that it is served where it lands.
+    pub peer_token: String,
+    /// TTL of this node's etcd lease: a node silent this long is gone, and its
+    /// sandboxes are reported lost.
+    #[serde(default = "lease_ttl")]
+    pub lease_ttl_seconds: u64,
+    /// Prefix of every key this cluster keeps in etcd (several clusters may share one).
+    #[serde(default = "prefix")]
+    pub prefix: String,
+    /// etcd user, when etcd has authentication on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_user: Option<String>,
+    /// Its password.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_password: Option<String>,
+}
+
+fn lease_ttl() -> u64 {
+    10
+}
+
+fn prefix() -> String {
+    "/sandboxd".into()
+}
+
+/// `http://host:port` with a non-empty host and a port, nothing after it.
+fn plain_http_url(url: &str) -> bool {
+    let Some(rest) = url.strip_prefix("http://") else {
+        return false;
+    };
+    let rest = rest.trim_end_matches('/');
+    match rest.rsplit_once(':') {
+        Some((host, port)) => {
+            !host.is_empty() && !rest.contains('/') && port.parse::<u16>().is_ok()
+        }
+        None => false,
+    }
+}
+
+impl ClusterConfig {
+    /// Checks every field; `unix_listen` says whether `listen` is a Unix socket.
+    pub fn validate(&self, unix_listen: bool) -> Result<()> {
+        let bad = |msg: String| Err(Error::Config(format!("[cluster] {msg}")));
+        if self.etcd.is_empty() {
+            return bad("etcd must name at least one endpoint".into());
+        }
+        if let Some(e) = self.etcd.iter().find(|e| !plain_http_url(e)) {
+            return bad(format!("etcd endpoint {e:?} is not http://host:port"));
+        }
+        let name_ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
+        if self.node_name.is_empty()
+            || self.node_name.len() > 63
+            || !self.node_name.chars().all(name_ok)
+        {
+            return bad("node_name must be 1-63 characters of [A-Za-z0-9._-]".into());
+        }
+        match &self.advertise_url {
+            Some(u) if !plain_http_url(u) => {
+                return bad(format!("advertise_url {u:?} is not http://host:port"))
+            }
+            None if unix_listen => {
+                return bad("advertise_url is required when listen is a Unix socket".into())
+            }
+            _ => {}
+        }
+        if self.peer_token.len() < 16 {
+            return bad("peer_token must be at least 16 characters".into());
+        }
+        if !(2..=300).contains(&self.lease_ttl_seconds) {
+            return bad("lease_ttl_seconds must be 2..=300".into());
+        }
+        if !self.prefix.starts_with('/') || self.prefix.len() < 2 || self.prefix.ends_with('/') {
+            return bad("prefix must start with '/' and not end with one".into());
+        }
+        if self.etcd_user.is_some() != self.etcd_password.is_some() {
+            return bad("etcd_user and etcd_password go together".into());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn good() -> ClusterConfig {
+        ClusterConfig {
+            etcd: vec!["http://127.0.0.1:2379".into()],
+            node_name: "n1".into(),
+            advertise_url: None,
+            peer_token: "peer-token-0123456789".into(),
+            lease_ttl_seconds: 10,
+            prefix: prefix(),
+            etcd_user: None,
+            etcd_password: None,
+        }
+    }
+
+    #[test]
+    fn validation() {
+        assert!(good().validate(false).is_ok());
+        assert!(
+            good().validate(true).is_err(),
+            "unix listen needs advertise_url"
+        );
+        let cases: [fn(&mut ClusterConfig); 9] = [
+            |c| c.etcd.clear(),
+            |c| c.etcd = vec!["https://x:1".into()],
+            |c| c.node_name = "a/b".into(),
+            |c| c.node_name = String::new(),
+            |c| c.advertise_url = Some("http://host".into()),
+            |c| c.peer_token = "short".into(),
+            |c| c.lease_ttl_seconds = 1,
+            |c| c.prefix = "x/".into(),
+            |c| c.etcd_user = Some("u".into()),
+        ];
+        for (i, break_it) in cases.iter().enumerate() {
+            let mut c = good();
+            break_it(&mut c);
+            assert!(c.validate(false).is_err(), "case {i} passed: {c:?}");
+        }
+        assert!(plain_http_url("http://10.0.0.1:8080"));
+        assert!(plain_http_url("http://[::1]:8080"));
+        assert!(!plain_http_url("http://h:8080/path"));
+    }
+}
