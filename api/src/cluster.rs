@@ -47,6 +47,9 @@ pub struct ClusterView {
     pub etcd_reachable: bool,
     /// Live members by name, this one included.
     pub nodes: Vec<NodeRecord>,
+    /// Sandboxes whose owner this node knows (from the ownership records it last read,
+    /// and the lookups since): it can forward to them even while etcd is unreachable.
+    pub owners_known: u32,
 }
 
 /// `POST /v1/node/drain` body; `{}` drains.

@@ -22,6 +22,9 @@
 //! - [`setup`]: the test node's config and tokens.
 //! - [`daemon`]: a real sandboxd, in-process ([`Daemon`]) or as the binary
 //!   ([`DaemonProcess`]), and its HTTP API ([`Api`]).
+//! - [`etcd`]: a real etcd cluster on loopback: members killed and restarted one by one.
+//! - [`cluster`]: sandboxd nodes in one cluster (`[cluster]` over a test etcd), and what
+//!   a test reads off it.
 //! - [`silkd`]: a real silkd on a Unix socket and a frame client for it.
 //! - [`restart`]: the restart tests' view of a daemon's state database (records, engine
 //!   handles, tampering as an attacker or a crash would), processes by start time, and a
@@ -41,9 +44,11 @@
 
 pub mod bins;
 pub mod cgroup2;
+pub mod cluster;
 pub mod daemon;
 pub mod detach;
 pub mod e2b;
+pub mod etcd;
 pub mod files_http;
 pub mod files_stream;
 pub mod guard;

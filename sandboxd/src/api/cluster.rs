@@ -164,6 +164,7 @@ pub(super) fn view(node: &Node, caller: &Caller) -> Result<Response<Body>> {
             node: cluster.name().to_string(),
             etcd_reachable: cluster.etcd_reachable(),
             nodes: cluster.members(),
+            owners_known: cluster.owners_known(),
         },
     ))
 }

@@ -434,13 +434,23 @@ pub async fn handle(node: Arc<Node>, req: Request<Incoming>) -> Result<Response<
     let method = req.method().clone();
     let path = req.uri().path().to_string();
     let mut caller = None;
-    let resp = match dispatch(node, req, &mut caller).await {
+    let cluster = node.cluster.get().cloned();
+    let mut resp = match dispatch(node, req, &mut caller).await {
         Ok(resp) => resp,
         Err(e) => {
             let _span = tracing::warn_span!("request", %method, %path).entered();
             error_response(&e, caller.as_ref())
         }
     };
+    if let Some(cluster) = cluster {
+        // Answers from here name this node; forwarded ones already name their owner.
+        if !resp
+            .headers()
+            .contains_key(crate::cluster::forward::NODE_HEADER)
+        {
+            crate::cluster::forward::name_node(&mut resp, cluster.name());
+        }
+    }
     tracing::debug!(%method, %path, status = resp.status().as_u16());
     Ok(resp)
 }

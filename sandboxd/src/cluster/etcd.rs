@@ -10,6 +10,7 @@
 //! - `P/tenants/TENANT/SLOT`: one claimed sandbox of the tenant, on its owner's lease
 //!   (a dead node's slots free themselves); counted under `P/quota/TENANT`.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use api::cluster::NodeRecord;
@@ -40,11 +41,25 @@ pub struct OwnerRecord {
     pub slot: Option<String>,
 }
 
-/// The etcd client and the key prefix.
-#[derive(Clone)]
+/// One client per etcd endpoint, the one that answered last, and the key prefix. The
+/// client's own balancing keeps sending to a member that refuses connections, so a call
+/// that finds its member unavailable moves on to the next (one member down must change
+/// nothing).
 pub struct Etcd {
-    client: Client,
+    clients: Vec<Client>,
+    current: AtomicUsize,
     prefix: String,
+}
+
+/// Whether another member may answer where this one did not: it refused or dropped the
+/// connection, or has no leader at the moment. Not a timeout: a member that is up but
+/// without quorum times out, and so would the others.
+fn try_another(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::TransportError(_) => true,
+        etcd_client::Error::GRpcStatus(s) => s.code() == tonic::Code::Unavailable,
+        _ => false,
+    }
 }
 
 /// An etcd failure as the API answers it.
@@ -57,7 +72,7 @@ pub fn unreachable(what: &str, e: impl std::fmt::Display) -> Error {
 }
 
 impl Etcd {
-    /// Connects to the endpoints (a reachable member suffices; quorum is not needed yet).
+    /// A client per endpoint; connections are made lazily, on the first call.
     pub async fn connect(config: &ClusterConfig) -> Result<Etcd> {
         let mut options = ConnectOptions::new()
             .with_timeout(CALL_TIMEOUT)
@@ -66,18 +81,45 @@ impl Etcd {
         if let (Some(u), Some(p)) = (&config.etcd_user, &config.etcd_password) {
             options = options.with_user(u.clone(), p.clone());
         }
-        let client = Client::connect(&config.etcd, Some(options))
-            .await
-            .map_err(|e| {
-                Error::Config(format!(
-                    "[cluster] connecting to etcd {:?}: {e}",
-                    config.etcd
-                ))
-            })?;
+        let mut clients = Vec::new();
+        for endpoint in &config.etcd {
+            let client = Client::connect([endpoint], Some(options.clone()))
+                .await
+                .map_err(|e| Error::Config(format!("[cluster] etcd endpoint {endpoint:?}: {e}")))?;
+            clients.push(client);
+        }
         Ok(Etcd {
-            client,
+            clients,
+            current: AtomicUsize::new(0),
             prefix: config.prefix.clone(),
         })
+    }
+
+    /// Runs `op` on the member that answered last, moving on to the next one while a
+    /// member is unavailable.
+    async fn call<T, F, Fut>(&self, what: &str, op: F) -> Result<T>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let n = self.clients.len();
+        let first = self.current.load(Ordering::Relaxed);
+        let mut last = None;
+        for k in 0..n {
+            let i = (first + k) % n;
+            match op(self.clients[i].clone()).await {
+                Ok(v) => {
+                    self.current.store(i, Ordering::Relaxed);
+                    return Ok(v);
+                }
+                Err(e) if try_another(&e) => last = Some(e),
+                Err(e) => return Err(unreachable(what, e)),
+            }
+        }
+        Err(unreachable(
+            what,
+            last.map_or("no endpoint".to_string(), |e| e.to_string()),
+        ))
     }
 
     fn node_key(&self, name: &str) -> String {
@@ -99,63 +141,58 @@ impl Etcd {
     /// A new lease of `ttl` seconds.
     pub async fn grant(&self, ttl: u64) -> Result<i64> {
         let r = self
-            .client
-            .clone()
-            .lease_grant(ttl as i64, None)
-            .await
-            .map_err(|e| unreachable("granting a lease", e))?;
+            .call("granting a lease", async |mut c| {
+                c.lease_grant(ttl as i64, None).await
+            })
+            .await?;
         Ok(r.id())
     }
 
     /// Revokes a lease: its node record and tenant slots go at once.
     pub async fn revoke(&self, lease: i64) {
-        if let Err(e) = self.client.clone().lease_revoke(lease).await {
-            tracing::warn!("etcd: revoking lease {lease:x}: {e}");
-        }
+        let _ = self
+            .call("revoking the lease", async |mut c| {
+                c.lease_revoke(lease).await
+            })
+            .await;
     }
 
     /// Keeps `lease` alive once; the TTL left (0: the lease is gone).
     pub async fn keep_alive(&self, lease: i64) -> Result<i64> {
-        let (mut keeper, mut stream) = self
-            .client
-            .clone()
-            .lease_keep_alive(lease)
-            .await
-            .map_err(|e| unreachable("keep-alive", e))?;
-        keeper
-            .keep_alive()
-            .await
-            .map_err(|e| unreachable("keep-alive", e))?;
-        let answer = tokio::time::timeout(CALL_TIMEOUT, stream.message())
-            .await
-            .map_err(|_| unreachable("keep-alive", "no answer"))?
-            .map_err(|e| unreachable("keep-alive", e))?;
+        let answer = self
+            .call("keep-alive", async |mut c| {
+                let (mut keeper, mut stream) = c.lease_keep_alive(lease).await?;
+                keeper.keep_alive().await?;
+                match tokio::time::timeout(CALL_TIMEOUT, stream.message()).await {
+                    Ok(answer) => answer,
+                    Err(_) => Err(etcd_client::Error::LeaseKeepAliveError("no answer".into())),
+                }
+            })
+            .await?;
         Ok(answer.map_or(0, |a| a.ttl()))
     }
 
     /// Writes this node's record under its lease.
     pub async fn put_node(&self, record: &NodeRecord, lease: i64) -> Result<()> {
         let value = serde_json::to_vec(record).expect("records serialize");
-        self.client
-            .clone()
-            .put(
-                self.node_key(&record.name),
-                value,
-                Some(PutOptions::new().with_lease(lease)),
-            )
-            .await
-            .map_err(|e| unreachable("writing the node record", e))?;
+        let key = self.node_key(&record.name);
+        self.call("writing the node record", async |mut c| {
+            let lease = PutOptions::new().with_lease(lease);
+            c.put(key.clone(), value.clone(), Some(lease)).await
+        })
+        .await?;
         Ok(())
     }
 
     /// Every live member's record; records that do not parse are skipped.
     pub async fn members(&self) -> Result<Vec<NodeRecord>> {
+        let key = self.node_key("");
         let r = self
-            .client
-            .clone()
-            .get(self.node_key(""), Some(GetOptions::new().with_prefix()))
-            .await
-            .map_err(|e| unreachable("reading members", e))?;
+            .call("reading members", async |mut c| {
+                c.get(key.clone(), Some(GetOptions::new().with_prefix()))
+                    .await
+            })
+            .await?;
         Ok(r.kvs()
             .iter()
             .filter_map(|kv| match serde_json::from_slice(kv.value()) {
@@ -170,12 +207,12 @@ impl Etcd {
 
     /// The owner record of `id`, if any.
     pub async fn owner(&self, id: &str) -> Result<Option<OwnerRecord>> {
+        let key = self.owner_key(id);
         let r = self
-            .client
-            .clone()
-            .get(self.owner_key(id), None)
-            .await
-            .map_err(|e| unreachable("reading an owner", e))?;
+            .call("reading an owner", async |mut c| {
+                c.get(key.clone(), None).await
+            })
+            .await?;
         Ok(r.kvs()
             .first()
             .and_then(|kv| serde_json::from_slice(kv.value()).ok()))
@@ -185,11 +222,11 @@ impl Etcd {
     pub async fn owners(&self) -> Result<Vec<(String, OwnerRecord)>> {
         let start = self.owner_key("");
         let r = self
-            .client
-            .clone()
-            .get(start.clone(), Some(GetOptions::new().with_prefix()))
-            .await
-            .map_err(|e| unreachable("reading owners", e))?;
+            .call("reading owners", async |mut c| {
+                c.get(start.clone(), Some(GetOptions::new().with_prefix()))
+                    .await
+            })
+            .await?;
         Ok(r.kvs()
             .iter()
             .filter_map(|kv| {
@@ -199,44 +236,34 @@ impl Etcd {
             .collect())
     }
 
-    /// Records `id`'s owner, and (again) its tenant slot under `lease`.
-    pub async fn put_owner(&self, id: &str, rec: &OwnerRecord, lease: i64) -> Result<()> {
-        let mut ops = vec![TxnOp::put(
-            self.owner_key(id),
-            serde_json::to_vec(rec).expect("records serialize"),
-            None,
-        )];
+    fn owner_ops(&self, id: &str, rec: &OwnerRecord, lease: i64) -> Vec<TxnOp> {
+        let value = serde_json::to_vec(rec).expect("records serialize");
+        let mut ops = vec![TxnOp::put(self.owner_key(id), value, None)];
         if let (Some(t), Some(slot)) = (&rec.tenant, &rec.slot) {
             ops.push(self.slot_put(t, slot, &rec.node, lease));
         }
-        self.client
-            .clone()
-            .txn(Txn::new().and_then(ops))
-            .await
-            .map_err(|e| unreachable("recording an owner", e))?;
+        ops
+    }
+
+    /// Records `id`'s owner, and (again) its tenant slot under `lease`.
+    pub async fn put_owner(&self, id: &str, rec: &OwnerRecord, lease: i64) -> Result<()> {
+        let ops = self.owner_ops(id, rec, lease);
+        self.call("recording an owner", async |mut c| {
+            c.txn(Txn::new().and_then(ops.clone())).await
+        })
+        .await?;
         Ok(())
     }
 
     /// [`Etcd::put_owner`] unless `id` has a record already.
     pub async fn put_owner_if_absent(&self, id: &str, rec: &OwnerRecord, lease: i64) -> Result<()> {
-        let key = self.owner_key(id);
-        let mut ops = vec![TxnOp::put(
-            key.clone(),
-            serde_json::to_vec(rec).expect("records serialize"),
-            None,
-        )];
-        if let (Some(t), Some(slot)) = (&rec.tenant, &rec.slot) {
-            ops.push(self.slot_put(t, slot, &rec.node, lease));
-        }
-        self.client
-            .clone()
-            .txn(
-                Txn::new()
-                    .when([Compare::create_revision(key, CompareOp::Equal, 0)])
-                    .and_then(ops),
-            )
-            .await
-            .map_err(|e| unreachable("recording an owner", e))?;
+        let ops = self.owner_ops(id, rec, lease);
+        let absent = Compare::create_revision(self.owner_key(id), CompareOp::Equal, 0);
+        self.call("recording an owner", async |mut c| {
+            let txn = Txn::new().when([absent.clone()]).and_then(ops.clone());
+            c.txn(txn).await
+        })
+        .await?;
         Ok(())
     }
 
@@ -254,21 +281,22 @@ impl Etcd {
                 None,
             ));
         }
-        self.client
-            .clone()
-            .txn(Txn::new().and_then(ops))
-            .await
-            .map_err(|e| unreachable("deleting an owner", e))?;
+        self.call("deleting an owner", async |mut c| {
+            c.txn(Txn::new().and_then(ops.clone())).await
+        })
+        .await?;
         Ok(())
     }
 
-    /// Frees a slot taken by [`Etcd::reserve_slot`] for a claim that then failed.
+    /// Frees a slot taken by [`Etcd::reserve_slot`] for a claim that then failed. On
+    /// failure its lease frees it when this node goes; until then the tenant is one short.
     pub async fn free_slot(&self, tenant: &str, slot: &str) {
         let key = format!("{}{slot}", self.tenant_prefix(tenant));
-        if let Err(e) = self.client.clone().delete(key, None::<DeleteOptions>).await {
-            // Its lease frees it when this node goes; until then the tenant is one short.
-            tracing::warn!("etcd: freeing a tenant slot: {e}");
-        }
+        let _ = self
+            .call("freeing a tenant slot", async |mut c| {
+                c.delete(key.clone(), None::<DeleteOptions>).await
+            })
+            .await;
     }
 
     /// Takes one of `tenant`'s `max` slots cluster-wide, or answers 429. The count and the
@@ -284,20 +312,20 @@ impl Etcd {
         lease: i64,
     ) -> Result<()> {
         let guard = self.guard_key(tenant);
-        let mut client = self.client.clone();
+        let slots = self.tenant_prefix(tenant);
         for _ in 0..QUOTA_TRIES {
-            let seen = client
-                .get(guard.clone(), None)
-                .await
-                .map_err(|e| unreachable("reading a quota", e))?;
+            let seen = self
+                .call("reading a quota", async |mut c| {
+                    c.get(guard.clone(), None).await
+                })
+                .await?;
             let revision = seen.kvs().first().map_or(0, |kv| kv.mod_revision());
-            let held = client
-                .get(
-                    self.tenant_prefix(tenant),
-                    Some(GetOptions::new().with_prefix().with_count_only()),
-                )
-                .await
-                .map_err(|e| unreachable("counting a quota", e))?
+            let held = self
+                .call("counting a quota", async |mut c| {
+                    let count = GetOptions::new().with_prefix().with_count_only();
+                    c.get(slots.clone(), Some(count)).await
+                })
+                .await?
                 .count();
             if held >= i64::from(max) {
                 return Err(Error::TooManyClaims(format!(
@@ -314,10 +342,11 @@ impl Etcd {
                     TxnOp::put(guard.clone(), slot, None),
                     self.slot_put(tenant, slot, node, lease),
                 ]);
-            let r = client
-                .txn(txn)
-                .await
-                .map_err(|e| unreachable("taking a quota slot", e))?;
+            let r = self
+                .call("taking a quota slot", async |mut c| {
+                    c.txn(txn.clone()).await
+                })
+                .await?;
             if r.succeeded() {
                 return Ok(());
             }

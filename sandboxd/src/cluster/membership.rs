@@ -130,6 +130,8 @@ async fn reconcile(cluster: &Cluster, node: &Node, lease: i64, new_lease: bool) 
     let Ok(recorded) = cluster.etcd.owners().await else {
         return false;
     };
+    // Every node learns every owner: forwarding keeps working while etcd is unreachable.
+    cluster.learn_owners(&recorded);
     // Read after the records: a sandbox claimed in between is local and simply gets its
     // record checked next time.
     let local: HashSet<String> = node

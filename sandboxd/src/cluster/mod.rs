@@ -48,8 +48,8 @@ pub struct Cluster {
     /// The current lease (0: none yet).
     lease: AtomicI64,
     draining: AtomicBool,
-    /// Last known owner of each sandbox looked up here: forwarded calls keep working
-    /// while etcd is unreachable.
+    /// Last known owner of each sandbox (every ownership record, read by the reconcile
+    /// pass, plus lookups since): forwarded calls keep working while etcd is unreachable.
     owners: Mutex<HashMap<String, String>>,
     shutdown: CancellationToken,
 }
@@ -159,6 +159,21 @@ impl Cluster {
                 id: id.to_string(),
                 node: owner,
             }),
+        }
+    }
+
+    /// How many sandboxes' owners this node knows.
+    pub fn owners_known(&self) -> u32 {
+        self.owners.lock().expect("owners lock").len() as u32
+    }
+
+    /// Replaces the known owners with every ownership record just read.
+    fn learn_owners(&self, recorded: &[(String, OwnerRecord)]) {
+        if recorded.len() <= OWNERS_KEPT {
+            *self.owners.lock().expect("owners lock") = recorded
+                .iter()
+                .map(|(id, rec)| (id.clone(), rec.node.clone()))
+                .collect();
         }
     }
 

@@ -1,0 +1,73 @@
+//! sandboxd nodes in one cluster for a test: the binary (so a node can be `kill -9`ed)
+//! with a `[cluster]` table naming a test [`Etcd`], a short lease, and what a test reads
+//! off the cluster (the members a node sees, the node that served an answer).
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::daemon::{Api, DaemonProcess};
+use crate::etcd::Etcd;
+use crate::http::Resp;
+use crate::setup::{Listen, Setup, ROOT};
+use crate::wait::wait_until;
+
+/// The nodes' shared `peer_token`.
+pub const PEER_TOKEN: &str = "peer-token-for-tests-0001";
+/// The nodes' lease TTL: a killed node is gone this long after its last keep-alive.
+pub const LEASE_TTL_SECONDS: u64 = 3;
+
+/// The `[cluster]` table of node `name`.
+pub fn cluster_toml(etcd: &Etcd, name: &str) -> String {
+    let endpoints = etcd
+        .endpoints()
+        .iter()
+        .map(|e| format!("{e:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "\n[cluster]\netcd = [{endpoints}]\nnode_name = \"{name}\"\npeer_token = \"{PEER_TOKEN}\"\n\
+         lease_ttl_seconds = {LEASE_TTL_SECONDS}\nprefix = \"/testkit\"\n"
+    )
+}
+
+/// Starts the sandboxd binary as cluster node `name`, with `setup` otherwise.
+pub async fn start_node(etcd: &Etcd, name: &str, setup: &Setup) -> DaemonProcess {
+    let mut setup = setup.clone();
+    setup.tail.push_str(&cluster_toml(etcd, name));
+    DaemonProcess::start_temp(crate::bins::sandboxd(), &setup, Listen::Tcp).await
+}
+
+/// `GET /v1/cluster` as root.
+pub async fn view(api: &Api) -> Value {
+    let r = api.call("GET", "/v1/cluster", Some(ROOT), None).await;
+    assert_eq!(r.status, 200, "GET /v1/cluster: {}", r.text());
+    r.json()
+}
+
+/// One member's record in a view, by name.
+pub fn member<'a>(view: &'a Value, name: &str) -> Option<&'a Value> {
+    view["nodes"].as_array()?.iter().find(|n| n["name"] == name)
+}
+
+/// Waits until `api`'s view of the cluster satisfies `pred`; returns it.
+pub async fn wait_view(api: &Api, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+    wait_until(Duration::from_secs(30), what, async || {
+        let v = view(api).await;
+        if pred(&v) {
+            Ok(v)
+        } else {
+            Err(v)
+        }
+    })
+    .await
+}
+
+/// The node an answer names as its server (`x-sandboxd-node`).
+pub fn served_by(r: &Resp) -> String {
+    r.headers
+        .get("x-sandboxd-node")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_else(|| panic!("no x-sandboxd-node header ({}): {}", r.status, r.text()))
+        .to_string()
+}
