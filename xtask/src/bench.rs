@@ -44,6 +44,10 @@ pub enum Bench {
     /// clone, memory per idle fork, hibernate time and memory freed, wake to first exec;
     /// builds the guest image first.
     Snapshots,
+    /// Three process-engine nodes over a 3-member etcd (as root): claim and exec latency
+    /// through the owner vs another node, claim throughput of 3 nodes vs 1, and the time
+    /// to report a `kill -9`ed node's sandbox lost; builds the guest image first.
+    Cluster,
     /// Any name that is not a known benchmark.
     #[command(external_subcommand)]
     Unknown(Vec<String>),
@@ -71,7 +75,7 @@ pub fn run(which: Bench) -> Result<()> {
             image::run(&image::Args::default())?;
             run_example("bench exec-memory", "bench_exec_memory")
         }
-        Bench::Isolation | Bench::Restart | Bench::Files => {
+        Bench::Isolation | Bench::Restart | Bench::Files | Bench::Cluster => {
             image::run(&image::Args::default())?;
             tool::stream(
                 "build",
@@ -95,6 +99,7 @@ pub fn run(which: Bench) -> Result<()> {
                     run_example("bench restart (qemu)", "bench_restart_vm")
                 }
                 Bench::Files => run_example("bench files", "bench_files"),
+                Bench::Cluster => run_example("bench cluster", "bench_cluster"),
                 _ => run_example("bench isolation", "bench_isolation"),
             }
         }
@@ -200,14 +205,15 @@ mod tests {
                 "restart",
                 "soak",
                 "files",
-                "snapshots"
+                "snapshots",
+                "cluster"
             ]
         );
         let err = run(Bench::Unknown(vec!["nope".into()])).unwrap_err();
         assert_eq!(
             err.to_string(),
             "unknown benchmark `nope`; known benchmarks: exec, exec-memory, vm, templates, isolation, \
-             restart, soak, files, snapshots"
+             restart, soak, files, snapshots, cluster"
         );
     }
 }

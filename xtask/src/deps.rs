@@ -28,8 +28,9 @@ pub(crate) const APT_LISTS: &str = "/var/lib/apt/lists";
 /// `systemd-analyze` checks the packaged unit and `zstd` compresses the packages
 /// (`cargo xtask dist`, `xtask/tests/dist.rs`). `tmux` is the terminal `sbx shell` is
 /// tested in (`sbx/tests/shell.rs`). `pip3` fills the E2B tests' Python environment
-/// (`e2b_venv.rs`).
-const PACKAGES: [(&str, &str); 9] = [
+/// (`e2b_venv.rs`). `etcd` is the cluster's store (`sandboxd/tests/cluster.rs`
+/// runs a 3-member etcd) and `protoc` compiles etcd's protos for the `etcd-client` crate.
+const PACKAGES: [(&str, &str); 11] = [
     ("bwrap", "bubblewrap"),
     ("file", "file"),
     ("ps", "procps"),
@@ -39,6 +40,8 @@ const PACKAGES: [(&str, &str); 9] = [
     ("zstd", "zstd"),
     ("tmux", "tmux"),
     ("pip3", "python3-pip"),
+    ("etcd", "etcd-server"),
+    ("protoc", "protobuf-compiler"),
 ];
 
 /// A version's major and minor numbers.
