@@ -404,6 +404,22 @@ mod tests {
     }
 
     #[test]
+    fn cluster_secrets_are_redacted_and_the_table_is_checked() {
+        let cluster = "\n[cluster]\netcd = [\"http://127.0.0.1:2379\"]\nnode_name = \"a\"\n\
+                       peer_token = \"peer-secret-0123456789\"\netcd_user = \"u\"\n\
+                       etcd_password = \"etcd-secret-pw\"\n";
+        let c = Config::parse(&format!("{BASE}{cluster}")).unwrap();
+        let shown = c.redacted();
+        assert!(
+            !shown.contains("peer-secret") && !shown.contains("etcd-secret"),
+            "{shown}"
+        );
+        assert_eq!(c.cluster.unwrap().lease_ttl_seconds, 10);
+        let bad = cluster.replace("node_name = \"a\"", "node_name = \"a/b\"");
+        assert!(Config::parse(&format!("{BASE}{bad}")).is_err());
+    }
+
+    #[test]
     fn unknown_keys_are_rejected() {
         let err = Config::parse(&format!("{BASE}\nbogus = 1\n")).unwrap_err();
         assert!(err.to_string().contains("bogus"), "{err}");
