@@ -467,12 +467,15 @@ async fn dispatch(
         return Ok(json(StatusCode::OK, &serde_json::json!({"status": "ok"})));
     }
     // Cluster: a sandbox another node owns is that node's to answer, token check included.
+    // A snapshot's id names no sandbox: snapshots stay on the node that took them.
     let req = match &id {
-        Some(id) => match cluster::forward_for(&node, id, req).await? {
-            Ok(req) => req,
-            Err(owner_answer) => return Ok(owner_answer),
-        },
-        None => req,
+        Some(id) if route != Route::SnapshotDelete => {
+            match cluster::forward_for(&node, id, req).await? {
+                Ok(req) => req,
+                Err(owner_answer) => return Ok(owner_answer),
+            }
+        }
+        _ => req,
     };
     let caller = node.auth.identify(req.headers(), &node.claims)?;
     *caller_out = Some(caller.clone());
