@@ -26,11 +26,12 @@ use hyper::Request;
 use hyper_util::rt::TokioIo;
 
 const ROOT: &str = "bench-root-token-000001";
-const CONCURRENCY: usize = 50;
+// A debug build is `cargo xtask bench --quick`'s smoke run: small counts.
+const CONCURRENCY: usize = if cfg!(debug_assertions) { 10 } else { 50 };
 const OUTPUT: u64 = 8 * 1024 * 1024 - 1;
 const BUDGET: u64 = 64 * 1024 * 1024;
 const SLACK: u64 = 32 * 1024 * 1024;
-const CLAIMS: usize = 30;
+const CLAIMS: usize = if cfg!(debug_assertions) { 5 } else { 30 };
 
 /// Kills sandboxd (SIGTERM, so it destroys its sandboxes) when the bench ends or fails.
 struct Daemon(Child);

@@ -15,8 +15,13 @@ use std::time::{Duration, Instant};
 use testkit::files_stream::{get_file, put_file, write_generated};
 use testkit::{bins, trees, DaemonProcess, Listen, Setup, ROOT};
 
-const LEN: u64 = 1 << 30;
-const SMALL_FILES: usize = 1000;
+// A debug build is `cargo xtask bench --quick`'s smoke run: small counts.
+const LEN: u64 = if cfg!(debug_assertions) {
+    64 << 20
+} else {
+    1 << 30
+};
+const SMALL_FILES: usize = if cfg!(debug_assertions) { 100 } else { 1000 };
 
 fn main() -> std::process::ExitCode {
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -13,7 +13,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use testkit::{DaemonProcess, Setup};
 
-const ROUNDS: usize = 400;
+// A debug build is `cargo xtask bench --quick`'s smoke run: small counts.
+const ROUNDS: usize = if cfg!(debug_assertions) { 40 } else { 400 };
 const WARMUP: usize = 20;
 
 fn main() -> std::process::ExitCode {

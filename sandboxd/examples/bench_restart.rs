@@ -12,7 +12,8 @@ use serde_json::json;
 use testkit::restart::kill_and_restart;
 use testkit::{DaemonProcess, Setup};
 
-const SANDBOXES: usize = 50;
+// A debug build is `cargo xtask bench --quick`'s smoke run: small counts.
+const SANDBOXES: usize = if cfg!(debug_assertions) { 8 } else { 50 };
 
 fn main() -> std::process::ExitCode {
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -15,7 +15,8 @@ use serde_json::json;
 use testkit::restart::kill_and_restart;
 use testkit::{DaemonProcess, ROOT};
 
-const VMS: usize = 8;
+// A debug build is `cargo xtask bench --quick`'s smoke run: small counts.
+const VMS: usize = if cfg!(debug_assertions) { 2 } else { 8 };
 
 fn main() -> std::process::ExitCode {
     let rt = tokio::runtime::Builder::new_multi_thread()

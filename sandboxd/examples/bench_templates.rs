@@ -23,8 +23,9 @@ use sandboxd::config::{AccelChoice, QemuConfig, QemuMachine, SizeConfig, Templat
 use sandboxd::engine::qemu::QemuEngine;
 use sandboxd::engine::{Engine, Guest, GuestSpec};
 
-const RUNS: usize = 5;
-const IDLE_CLONES: usize = 5;
+// A debug build is `cargo xtask bench --quick`'s smoke run: small counts.
+const RUNS: usize = if cfg!(debug_assertions) { 1 } else { 5 };
+const IDLE_CLONES: usize = if cfg!(debug_assertions) { 1 } else { 5 };
 const MEMORY_MIB: u64 = 384;
 /// At most half of the guest's RAM (sandboxd's config check for qemu).
 const DISK_MIB: u64 = 192;

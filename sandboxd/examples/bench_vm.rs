@@ -18,9 +18,10 @@ use sandboxd::config::{AccelChoice, QemuConfig, QemuMachine, SizeConfig, Templat
 use sandboxd::engine::qemu::QemuEngine;
 use sandboxd::engine::{Engine, Guest, GuestSpec};
 
-const RUNS: usize = 5;
-const IDLE_CLONES: usize = 10;
-const CLAIMS: usize = 20;
+// A debug build is `cargo xtask bench --quick`'s smoke run: small counts.
+const RUNS: usize = if cfg!(debug_assertions) { 2 } else { 5 };
+const IDLE_CLONES: usize = if cfg!(debug_assertions) { 3 } else { 10 };
+const CLAIMS: usize = if cfg!(debug_assertions) { 5 } else { 20 };
 const ROOT: &str = "bench-vm-root-token-0001";
 
 fn main() -> std::process::ExitCode {
@@ -180,7 +181,7 @@ async fn bench() -> Result<(), BoxError> {
         "  host MemAvailable drop: {:.1} MiB per clone",
         (avail_before.saturating_sub(avail_after)) as f64 / 1024.0 / IDLE_CLONES as f64
     );
-    let window = Duration::from_secs(5);
+    let window = Duration::from_secs(if cfg!(debug_assertions) { 1 } else { 5 });
     let before: u64 = pids.iter().map(|p| cpu_ticks(*p)).sum();
     tokio::time::sleep(window).await;
     let after: u64 = pids.iter().map(|p| cpu_ticks(*p)).sum();

@@ -12,6 +12,7 @@
 //! - `tool`: running external programs so that a failure names the program.
 
 pub mod bench;
+pub mod bench_env;
 pub mod deps;
 pub mod dist;
 pub mod e2b_venv;

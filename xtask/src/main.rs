@@ -34,11 +34,9 @@ enum Task {
     /// The operator's packages in target/dist/: a Debian package and a tarball (release
     /// sandboxd and sbx, static silkd, the base and default images, the systemd unit), as root.
     Dist,
-    /// Run one benchmark.
-    Bench {
-        #[command(subcommand)]
-        which: bench::Bench,
-    },
+    /// Run benchmark suites (all when none is named): `cargo xtask bench [SUITE...]
+    /// [--quick] [--json FILE]`; each prints its rows next to a floor measured in the same run.
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -47,7 +45,7 @@ fn main() -> ExitCode {
         Task::Test(args) => test::run(&args),
         Task::BuildSilkd => silkd::build_static().map(|path| println!("{}", path.display())),
         Task::Image(args) => image::run(&args),
-        Task::Bench { which } => bench::run(which),
+        Task::Bench(args) => bench::run(&args),
         Task::Up => up::run(),
         Task::Dist => dist::run(),
     };

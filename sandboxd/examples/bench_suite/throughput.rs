@@ -1,0 +1,133 @@
+//! Suite `throughput`: stdout of `head -c N /dev/zero` through the relay into the SDK
+//! (chunks counted and dropped) and into `sbx exec` (its stdout a pipe this process
+//! drains), next to the same bytes through a local pipe into this process; then 8 MiB
+//! through buffered exec next to 8 MiB through a local pipe.
+
+use std::time::Instant;
+
+use sandbox_sdk::{ClaimOptions, Command, Sandbox};
+use testkit::{bins, ROOT};
+use tokio::io::AsyncReadExt;
+
+use crate::node::{host_pipe, BoxError, Engine, Node, Shape};
+use crate::stats::{Samples, Table};
+
+const BUFFERED: u64 = 8 << 20;
+
+fn zeroes(bytes: u64) -> Command {
+    Command::new("head").args(["-c", &bytes.to_string(), "/dev/zero"])
+}
+
+async fn into_sdk(sandbox: &Sandbox, bytes: u64) -> Result<(), BoxError> {
+    let mut p = sandbox.spawn(&zeroes(bytes)).await?;
+    let mut out = p.take_stdout().ok_or("no stdout")?;
+    let mut got = 0u64;
+    while let Some(chunk) = out.next_chunk().await {
+        got += chunk.len() as u64;
+    }
+    let status = p.wait().await?;
+    if got != bytes || !status.success() {
+        return Err(format!("got {got} of {bytes} bytes, {status:?}").into());
+    }
+    Ok(())
+}
+
+async fn into_sbx(url: &str, id: &str, bytes: u64) -> Result<(), BoxError> {
+    let mut child = tokio::process::Command::new(bins::debug_dir().join("sbx"))
+        .env("SANDBOXD_URL", url)
+        .env("SANDBOXD_TOKEN", ROOT)
+        .args([
+            "exec",
+            id,
+            "--",
+            "head",
+            "-c",
+            &bytes.to_string(),
+            "/dev/zero",
+        ])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .spawn()?;
+    let mut out = child.stdout.take().ok_or("no stdout")?;
+    let mut buf = vec![0u8; 256 << 10];
+    let mut got = 0u64;
+    loop {
+        let k = out.read(&mut buf).await?;
+        if k == 0 {
+            break;
+        }
+        got += k as u64;
+    }
+    let status = child.wait().await?;
+    if got != bytes || !status.success() {
+        return Err(format!("sbx: got {got} of {bytes} bytes, {status}").into());
+    }
+    Ok(())
+}
+
+fn record(s: &mut Samples, t: Instant, r: Result<(), BoxError>) {
+    match r {
+        Ok(()) => s.push(t.elapsed()),
+        Err(e) => {
+            eprintln!("bench throughput: {e}");
+            s.failures += 1;
+        }
+    }
+}
+
+pub async fn run(engine: Engine, quick: bool) -> Result<(), BoxError> {
+    let (bytes, n) = match (engine, quick) {
+        (Engine::Process, false) => (1u64 << 30, 3),
+        (Engine::Qemu, false) => (256 << 20, 3),
+        (Engine::Process, true) => (64 << 20, 2),
+        (Engine::Qemu, true) => (16 << 20, 1),
+    };
+    let node = Node::start(
+        engine,
+        Shape {
+            warm: 1,
+            max_claims: 4,
+            max_in_flight: 16,
+            max_output_bytes: BUFFERED,
+        },
+    )
+    .await?;
+    node.wait_warm(1).await;
+    let sandbox = node.client().claim(ClaimOptions::new()).await?;
+    let url = node.daemon.url();
+    let (mut floor, mut sdk, mut sbx) =
+        (Samples::default(), Samples::default(), Samples::default());
+    for _ in 0..n {
+        floor.push(host_pipe(bytes, 1)?.median());
+        let t = Instant::now();
+        record(&mut sdk, t, into_sdk(&sandbox, bytes).await);
+        let t = Instant::now();
+        record(&mut sbx, t, into_sbx(&url, sandbox.id(), bytes).await);
+    }
+    let mib = bytes >> 20;
+    let mut table = Table::new("throughput", engine.name());
+    table.floor(&format!("local pipe, {mib} MiB"), &floor, Some(bytes));
+    table.row(&format!("relay into the SDK, {mib} MiB"), &sdk, Some(bytes));
+    table.row(
+        &format!("relay into `sbx exec`, {mib} MiB"),
+        &sbx,
+        Some(bytes),
+    );
+
+    let (mut floor, mut buffered) = (Samples::default(), Samples::default());
+    let rounds = if quick { 3 } else { 10 };
+    for _ in 0..rounds {
+        floor.push(host_pipe(BUFFERED - 1, 1)?.median());
+        let t = Instant::now();
+        let r = match sandbox.exec(&zeroes(BUFFERED - 1)).await {
+            Ok(o) if o.stdout.len() as u64 == BUFFERED - 1 => Ok(()),
+            Ok(o) => Err(format!("buffered: {} bytes", o.stdout.len()).into()),
+            Err(e) => Err(e.into()),
+        };
+        record(&mut buffered, t, r);
+    }
+    table.floor("local pipe, 8 MiB", &floor, Some(BUFFERED));
+    table.row("buffered exec, 8 MiB", &buffered, Some(BUFFERED));
+    sandbox.release().await?;
+    Ok(())
+}
