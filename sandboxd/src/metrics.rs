@@ -37,6 +37,32 @@ pub struct TimeoutLabel {
     pub kind: &'static str,
 }
 
+/// Label set of a guest start: how the guest was made.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OriginLabel {
+    /// `clone` (restored from a golden) or `cold` (booted; every process-engine start).
+    pub origin: &'static str,
+}
+
+/// Label set of an admission wait.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct WaitLabel {
+    /// What waited: `start` (a refill's guest start waiting for one of the node's start
+    /// permits). Claims and buffered execs never queue: they are refused at once (429,
+    /// 503 with `Retry-After`), so they have no wait to observe.
+    pub kind: &'static str,
+}
+
+/// Histogram buckets for request-scale latencies: 50 µs to about 6.5 s.
+fn latency() -> Histogram {
+    Histogram::new(exponential_buckets(0.000_05, 2.0, 18))
+}
+
+/// Histogram buckets for golden builds: 0.25 s to about 34 min.
+fn build_time() -> Histogram {
+    Histogram::new(exponential_buckets(0.25, 2.0, 14))
+}
+
 /// Every metric sandboxd exports.
 pub struct Metrics {
     registry: Registry,
@@ -50,6 +76,8 @@ pub struct Metrics {
     pub expired: Counter,
     /// Buffered execs answered, by status.
     pub execs: Family<StatusLabel, Counter>,
+    /// Server time of a buffered exec (admitted to answer head), by status.
+    pub exec_seconds: Family<StatusLabel, Histogram, fn() -> Histogram>,
     /// Buffered execs in flight.
     pub exec_in_flight: Gauge,
     /// Bytes of buffered output held in memory now (bounded by `memory_budget_bytes`).
@@ -64,6 +92,15 @@ pub struct Metrics {
     pub relays: Counter,
     /// Relays open now.
     pub relays_open: Gauge,
+    /// Relay setup: relay slot taken and the guest dialled, before the 101.
+    pub relay_setup_seconds: Histogram,
+    /// A guest started to answering `Info` (a clone, a cold boot, a process start), for
+    /// claim misses and refills alike, by origin.
+    pub start_seconds: Family<OriginLabel, Histogram, fn() -> Histogram>,
+    /// Golden builds (boot, `Info`, warmup, seal, stamp), by pool, failed ones included.
+    pub golden_build_seconds: Family<PoolLabel, Histogram, fn() -> Histogram>,
+    /// Time spent waiting to be admitted, by kind.
+    pub admission_wait_seconds: Family<WaitLabel, Histogram, fn() -> Histogram>,
     /// HTTP connections open now, relays included.
     pub http_connections: Gauge,
     /// Connections refused at `[http] max_connections`.
@@ -80,9 +117,8 @@ impl Metrics {
         let mut registry = Registry::with_prefix("sandboxd");
         let claims = Family::<SourceLabel, Counter>::default();
         registry.register("claims", "Claims served", claims.clone());
-        let claim_seconds = Family::<SourceLabel, Histogram>::new_with_constructor(
-            (|| Histogram::new(exponential_buckets(0.000_05, 2.0, 18))) as fn() -> Histogram,
-        );
+        let claim_seconds =
+            Family::<SourceLabel, Histogram>::new_with_constructor(latency as fn() -> Histogram);
         registry.register(
             "claim_seconds",
             "Server time of a claim",
@@ -98,6 +134,13 @@ impl Metrics {
         );
         let execs = Family::<StatusLabel, Counter>::default();
         registry.register("execs", "Buffered execs answered", execs.clone());
+        let exec_seconds =
+            Family::<StatusLabel, Histogram>::new_with_constructor(latency as fn() -> Histogram);
+        registry.register(
+            "exec_seconds",
+            "Server time of a buffered exec, by status",
+            exec_seconds.clone(),
+        );
         let exec_in_flight = Gauge::default();
         registry.register(
             "exec_in_flight",
@@ -128,6 +171,33 @@ impl Metrics {
         registry.register("relays", "Relays opened", relays.clone());
         let relays_open = Gauge::default();
         registry.register("relays_open", "Relays open now", relays_open.clone());
+        let relay_setup_seconds = latency();
+        registry.register(
+            "relay_setup_seconds",
+            "Relay setup: slot taken and guest dialled",
+            relay_setup_seconds.clone(),
+        );
+        let start_seconds =
+            Family::<OriginLabel, Histogram>::new_with_constructor(latency as fn() -> Histogram);
+        registry.register(
+            "start_seconds",
+            "Guest start to Info answered, by origin",
+            start_seconds.clone(),
+        );
+        let golden_build_seconds =
+            Family::<PoolLabel, Histogram>::new_with_constructor(build_time as fn() -> Histogram);
+        registry.register(
+            "golden_build_seconds",
+            "Golden builds, by pool",
+            golden_build_seconds.clone(),
+        );
+        let admission_wait_seconds =
+            Family::<WaitLabel, Histogram>::new_with_constructor(latency as fn() -> Histogram);
+        registry.register(
+            "admission_wait_seconds",
+            "Time spent waiting to be admitted, by kind",
+            admission_wait_seconds.clone(),
+        );
         let http_connections = Gauge::default();
         registry.register(
             "http_connections",
@@ -159,6 +229,7 @@ impl Metrics {
             sandboxes,
             expired,
             execs,
+            exec_seconds,
             exec_in_flight,
             exec_buffered_bytes,
             exec_spilled_bytes,
@@ -166,6 +237,10 @@ impl Metrics {
             golden_builds,
             relays,
             relays_open,
+            relay_setup_seconds,
+            start_seconds,
+            golden_build_seconds,
+            admission_wait_seconds,
             http_connections,
             http_refused,
             http_timeouts,

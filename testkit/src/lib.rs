@@ -8,6 +8,7 @@
 //! - [`guard`]: [`ChildGuard`], a spawned process that is stopped, reaped and swept up
 //!   when the test ends, even by a panic.
 //! - [`procs`]: reading `/proc`: processes by command line or group, states, signals.
+//! - [`prometheus`]: reading `/metrics`: one series' value, a histogram's buckets checked.
 //! - [`host`]: host objects seen from outside: cgroup limits, reading as another
 //!   user, mapped files.
 //! - [`hostile`]: misbehaving clients over raw TCP (idle, slow headers, unfinished
@@ -60,6 +61,7 @@ pub mod leftovers;
 pub mod overlay_root;
 pub mod ports;
 pub mod procs;
+pub mod prometheus;
 pub mod pty;
 pub mod relay;
 pub mod restart;

@@ -24,9 +24,13 @@ pub(super) async fn agent(
 ) -> Result<Response<Body>> {
     check_upgrade(&req, PROTOCOL)?;
     let sandbox = awake_for(node, caller, id).await?;
+    let started = std::time::Instant::now();
     let slot = node.relays.take(&sandbox.id)?;
     node.metrics.relays.inc();
     let guest_stream = relay::dial(&sandbox).await?;
+    node.metrics
+        .relay_setup_seconds
+        .observe(started.elapsed().as_secs_f64());
     relay::spawn(
         sandbox.id.clone(),
         slot,

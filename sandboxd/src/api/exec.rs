@@ -36,6 +36,7 @@ pub(super) async fn exec(
     exec::validate(&body)?;
     let encoding = body.encoding.unwrap_or_default();
     let admitted = node.execs.admit(&sandbox.id, sandbox.tenant.as_deref())?;
+    let started = std::time::Instant::now();
     // A lost exec task (it panicked) is answered like a guest failure, and counted as
     // what it is answered with.
     let outcome = exec::spawn(node.execs.clone(), admitted, sandbox, body)
@@ -47,12 +48,14 @@ pub(super) async fn exec(
         Ok(finished) => finished.cut.as_ref().map_or(StatusCode::OK, status_of),
         Err(e) => status_of(e),
     };
+    let label = StatusLabel {
+        status: status.as_u16(),
+    };
+    node.metrics.execs.get_or_create(&label).inc();
     node.metrics
-        .execs
-        .get_or_create(&StatusLabel {
-            status: status.as_u16(),
-        })
-        .inc();
+        .exec_seconds
+        .get_or_create(&label)
+        .observe(started.elapsed().as_secs_f64());
     let mut resp = Response::new(encode_body(outcome?, encoding).boxed());
     *resp.status_mut() = status;
     resp.headers_mut()

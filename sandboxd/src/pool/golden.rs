@@ -88,6 +88,7 @@ impl Pools {
             })
             .inc();
         let stamp_path = self.stamp_path(key);
+        let started = std::time::Instant::now();
         let outcome = async {
             let stamp = self.stamp(&spec, &warmup)?;
             let _ = std::fs::remove_file(&stamp_path);
@@ -113,6 +114,12 @@ impl Pools {
             Ok(stamp)
         }
         .await;
+        self.metrics
+            .golden_build_seconds
+            .get_or_create(&PoolLabel {
+                pool: key.to_string(),
+            })
+            .observe(started.elapsed().as_secs_f64());
         self.with_pool(key, |p| match &outcome {
             Ok(stamp) => {
                 p.golden = GoldenState::Ready;

@@ -21,7 +21,7 @@ use crate::config::{Config, PoolConfig};
 use crate::engine::{Engine, Guest, GuestSpec};
 use crate::error::{Error, Result};
 use crate::guest;
-use crate::metrics::{Metrics, PoolLabel};
+use crate::metrics::{Metrics, OriginLabel, PoolLabel};
 use crate::store::Store;
 
 /// A pool's identity.
@@ -251,12 +251,20 @@ impl Pools {
 
     /// Starts a guest and waits for silkd's `Info`.
     pub async fn start_ready(&self, spec: &GuestSpec) -> Result<Arc<dyn Guest>> {
+        let started = std::time::Instant::now();
         let guest = self.engine.start(spec).await?;
         let bound = Duration::from_secs(self.config.boot_timeout_seconds);
         if let Err(e) = guest::info(&*guest, bound).await {
             guest.destroy().await;
             return Err(e);
         }
+        let origin = OriginLabel {
+            origin: guest.origin(),
+        };
+        self.metrics
+            .start_seconds
+            .get_or_create(&origin)
+            .observe(started.elapsed().as_secs_f64());
         Ok(guest)
     }
 

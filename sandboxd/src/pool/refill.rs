@@ -10,7 +10,7 @@ use tokio::task::JoinSet;
 use super::golden::GoldenState;
 use super::{PoolKey, Pools};
 use crate::engine::Guest;
-use crate::metrics::PoolLabel;
+use crate::metrics::{PoolLabel, WaitLabel};
 
 /// How often a full pool looks for idle guests that died on their own.
 const IDLE_CHECK: Duration = Duration::from_secs(1);
@@ -85,7 +85,12 @@ impl Pools {
                 let this = self.clone();
                 let spec = spec.clone();
                 starts.spawn(async move {
+                    let asked = std::time::Instant::now();
                     let _permit = this.refill.clone().acquire_owned().await;
+                    this.metrics
+                        .admission_wait_seconds
+                        .get_or_create(&WaitLabel { kind: "start" })
+                        .observe(asked.elapsed().as_secs_f64());
                     this.start_ready(&spec).await
                 });
             }
