@@ -152,7 +152,17 @@ pub fn spawn(
                         return;
                     }
                 }
-                match tokio::io::copy_bidirectional(&mut client, &mut guest_stream).await {
+                // 8 KiB buffers (copy_bidirectional's default) made a 1 GiB stdout
+                // 131,072 read/write pairs each way; output flows guest → client in
+                // silkd's 64 KiB frames, so take whole frames (and what follows) per read.
+                let copied = tokio::io::copy_bidirectional_with_sizes(
+                    &mut client,
+                    &mut guest_stream,
+                    UP_BUFFER,
+                    DOWN_BUFFER,
+                )
+                .await;
+                match copied {
                     Ok((up, down)) => tracing::debug!(%id, up, down, "relay closed"),
                     Err(e) => tracing::debug!(%id, "relay ended: {e}"),
                 }
@@ -161,6 +171,11 @@ pub fn spawn(
         }
     });
 }
+
+/// Client → guest copy buffer: stdin and uploads, in the SDK's pieces.
+const UP_BUFFER: usize = 64 * 1024;
+/// Guest → client copy buffer: several of silkd's 64 KiB output frames per read.
+const DOWN_BUFFER: usize = 256 * 1024;
 
 #[cfg(test)]
 mod tests {

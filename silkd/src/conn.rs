@@ -418,10 +418,20 @@ async fn pump(
                 }
             }
         };
-        let n = match read {
+        let mut n = match read {
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
+        // A writer in small pieces (`head`, a shell loop) leaves several in the pipe by
+        // the time we read: take what is already there, up to a whole chunk, so each
+        // frame (encode, relay, decode, write on the client) carries more bytes. Never
+        // waits: an empty pipe sends what we have now.
+        while n < CHUNK {
+            match pipe.try_read(&mut buf[n..]) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => n += k,
+            }
+        }
         let data = buf[..n].to_vec();
         let frame = match stream {
             Stream::Stdout => Response::Stdout { data },

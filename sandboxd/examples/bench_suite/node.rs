@@ -61,7 +61,12 @@ impl Node {
             ..Setup::default()
         };
         let text = match engine {
-            Engine::Process => setup.toml(&data, &listen),
+            // The test setup's 32 uid blocks cap a node at 32 sandboxes; tti needs more
+            // than a hundred (256 blocks stay below the qemu engine's range).
+            Engine::Process => setup.toml(&data, &listen).replace(
+                &format!("uid_count = {}\n", 32 * testkit::setup::UID_BLOCK),
+                &format!("uid_count = {}\n", 256 * testkit::setup::UID_BLOCK),
+            ),
             Engine::Qemu => qemu_toml(&setup, &data, &listen, tmp.path()),
         };
         let daemon = DaemonProcess::start(bins::sandboxd(), tmp.path(), &text).await;
@@ -153,17 +158,20 @@ pub fn host_spawn(argv: &[&str], n: usize) -> Result<Samples, BoxError> {
     Ok(s)
 }
 
-/// Host floor: `bytes` of zeroes from `head` through a local pipe into this process
-/// (read in 256 KiB steps and dropped), `n` times.
+/// Host floor: `bytes` of zeroes from `dd bs=1M` (as the suites' producer in the
+/// sandbox) through a local pipe into this process (read in 256 KiB steps and dropped),
+/// `n` times.
 pub fn host_pipe(bytes: u64, n: usize) -> Result<Samples, BoxError> {
     use std::io::Read;
     let mut s = Samples::default();
     let mut buf = vec![0u8; 256 << 10];
     for _ in 0..n {
         let t = Instant::now();
-        let mut child = Command::new("head")
-            .args(["-c", &bytes.to_string(), "/dev/zero"])
+        let mut child = Command::new("dd")
+            .args(["if=/dev/zero", "bs=1048576"])
+            .arg(format!("count={}", bytes >> 20))
             .stdout(Stdio::piped())
+            .stderr(Stdio::null())
             .spawn()?;
         let mut out = child.stdout.take().ok_or("no stdout")?;
         let mut got = 0u64;
