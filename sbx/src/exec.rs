@@ -271,25 +271,6 @@ impl Interrupts {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn exit_codes() {
-        assert_eq!(finish(Ok(ExitStatus::Code(7))), 7);
-        assert_eq!(finish(Ok(ExitStatus::Code(256 + 3))), 3);
-        assert_eq!(finish(Ok(ExitStatus::Signal(9))), 137);
-        assert_eq!(finish(Err(Stop::Signal(libc::SIGINT))), 130);
-        let timeout = Error::Timeout { partial: None };
-        assert_eq!(finish(Err(Stop::Failed(timeout))), EXIT_TIMEOUT);
-        let gone = Error::NotFound {
-            what: "sandbox sb-1 not found (released or expired)".into(),
-        };
-        assert_eq!(finish(Err(Stop::Failed(gone))), EXIT_SBX_FAILED);
-    }
-}
-
 /// Most bytes gathered into one write to our stdout or stderr.
 const WRITE_BATCH: usize = 1 << 20;
 
@@ -320,4 +301,23 @@ async fn copy_out(
         to.write_all(&batch).await?;
     }
     to.flush().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_codes() {
+        assert_eq!(finish(Ok(ExitStatus::Code(7))), 7);
+        assert_eq!(finish(Ok(ExitStatus::Code(256 + 3))), 3);
+        assert_eq!(finish(Ok(ExitStatus::Signal(9))), 137);
+        assert_eq!(finish(Err(Stop::Signal(libc::SIGINT))), 130);
+        let timeout = Error::Timeout { partial: None };
+        assert_eq!(finish(Err(Stop::Failed(timeout))), EXIT_TIMEOUT);
+        let gone = Error::NotFound {
+            what: "sandbox sb-1 not found (released or expired)".into(),
+        };
+        assert_eq!(finish(Err(Stop::Failed(gone))), EXIT_SBX_FAILED);
+    }
 }
