@@ -131,7 +131,8 @@ max_output_bytes = 8388608
 memory_budget_bytes = {BUDGET}
 max_in_flight = 256
 "#,
-        data = data.path().display(),
+        // A dedicated directory: sandboxd refuses a data_dir that holds other files.
+        data = data.path().join("data").display(),
         silkd = bin.join("silkd").display(),
         rootfs = concat!(env!("CARGO_MANIFEST_DIR"), "/../target/images/base/rootfs"),
     );
