@@ -14,9 +14,33 @@ use testkit::etcd::Etcd;
 use testkit::setup::Listen;
 use testkit::{Api, DaemonProcess, Setup, ROOT};
 
-const CLAIMS: usize = 20;
-const EXECS: usize = 200;
-const BURST: usize = 24;
+/// `cargo xtask bench --quick` (CI's smoke test) sets `BENCH_QUICK=1`: fewer rounds.
+fn quick() -> bool {
+    std::env::var("BENCH_QUICK").as_deref() == Ok("1")
+}
+
+/// Warm claims per entry node, execs per path, claims in the burst (fewer when quick).
+fn n_claims() -> usize {
+    if quick() {
+        5
+    } else {
+        20
+    }
+}
+fn n_execs() -> usize {
+    if quick() {
+        30
+    } else {
+        200
+    }
+}
+fn n_burst() -> usize {
+    if quick() {
+        6
+    } else {
+        24
+    }
+}
 
 fn main() -> std::process::ExitCode {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -78,7 +102,7 @@ async fn release(api: &Api, id: &str, token: &str) {
 /// sees it, which is what placement reads) before the next; the client's latencies.
 async fn warm_claims(at: &Api, owner_name: &str) -> Result<Vec<Duration>, String> {
     let mut samples = Vec::new();
-    for _ in 0..CLAIMS {
+    for _ in 0..n_claims() {
         wait_view(at, "every pool full", |v| {
             v["nodes"].as_array().is_some_and(|nodes| {
                 nodes
@@ -100,7 +124,7 @@ async fn warm_claims(at: &Api, owner_name: &str) -> Result<Vec<Duration>, String
 
 async fn execs(at: &Api, id: &str, token: &str) -> Result<Vec<Duration>, String> {
     let mut samples = Vec::new();
-    for _ in 0..EXECS {
+    for _ in 0..n_execs() {
         let t = Instant::now();
         let r = at.exec(id, token, json!({"argv": ["true"]})).await;
         samples.push(t.elapsed());
@@ -114,9 +138,9 @@ async fn execs(at: &Api, id: &str, token: &str) -> Result<Vec<Duration>, String>
 /// `BURST` claims at once, spread over `entries`; claims per second, then released.
 async fn burst(entries: &[&Api]) -> Result<f64, String> {
     let t = Instant::now();
-    let claims = (0..BURST).map(|i| claim(entries[i % entries.len()]));
+    let claims = (0..n_burst()).map(|i| claim(entries[i % entries.len()]));
     let claimed = futures::future::join_all(claims).await;
-    let rate = BURST as f64 / t.elapsed().as_secs_f64();
+    let rate = n_burst() as f64 / t.elapsed().as_secs_f64();
     for c in claimed {
         let (id, token, _) = c?;
         release(entries[0], &id, &token).await;
@@ -203,7 +227,8 @@ async fn bench() -> Result<(), String> {
         exec_other.0 / exec_owner.0
     );
     println!(
-        "  {BURST} claims at once: 1 node alone {alone_rate:.1}/s, 3 nodes {cluster_rate:.1}/s ({:.2}x)",
+        "  {} claims at once: 1 node alone {alone_rate:.1}/s, 3 nodes {cluster_rate:.1}/s ({:.2}x)",
+        n_burst(),
         cluster_rate / alone_rate
     );
     println!(

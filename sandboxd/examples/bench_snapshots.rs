@@ -22,8 +22,28 @@ use sandboxd::config::{AccelChoice, QemuConfig, QemuMachine, SizeConfig, Templat
 use sandboxd::engine::qemu::QemuEngine;
 use sandboxd::engine::{Engine, Guest, GuestSpec};
 
-const RUNS: usize = 10;
-const SNAPSHOT_RUNS: usize = 3;
+/// `cargo xtask bench --quick` (CI's smoke test) sets `BENCH_QUICK=1`: fewer rounds.
+fn quick() -> bool {
+    std::env::var("BENCH_QUICK").as_deref() == Ok("1")
+}
+
+/// Forks and clones measured (3 when quick).
+fn runs() -> usize {
+    if quick() {
+        3
+    } else {
+        10
+    }
+}
+
+/// Snapshots measured (1 when quick).
+fn snapshot_runs() -> usize {
+    if quick() {
+        1
+    } else {
+        3
+    }
+}
 const MEMORY_MIB: u64 = 256;
 const BOUND: Duration = Duration::from_secs(240);
 
@@ -166,7 +186,7 @@ async fn bench() -> Result<(), BoxError> {
     std::fs::create_dir_all(&snaps)?;
     let mut times = Vec::new();
     let mut dir = PathBuf::new();
-    for i in 0..SNAPSHOT_RUNS {
+    for i in 0..snapshot_runs() {
         dir = snaps.join(format!("s{i}"));
         std::fs::create_dir(&dir)?;
         let t = Instant::now();
@@ -174,7 +194,8 @@ async fn bench() -> Result<(), BoxError> {
         times.push(t.elapsed());
     }
     println!(
-        "  snapshot of a running VM, median of {SNAPSHOT_RUNS}: {:>8.1} ms (all: {:?}); {:.1} MiB on disk",
+        "  snapshot of a running VM, median of {}: {:>8.1} ms (all: {:?}); {:.1} MiB on disk",
+        snapshot_runs(),
         ms(median(times.clone())),
         times.iter().map(|d| ms(*d).round()).collect::<Vec<_>>(),
         mib(disk_kib(&dir))
@@ -182,7 +203,7 @@ async fn bench() -> Result<(), BoxError> {
 
     // 2. Fork-to-ready next to clone-to-ready, interleaved.
     let (mut forks, mut clones) = (Vec::new(), Vec::new());
-    for _ in 0..RUNS {
+    for _ in 0..runs() {
         let t = Instant::now();
         let f = ready(engine.restore(&spec, &dir, None).await?).await?;
         forks.push(t.elapsed());
@@ -194,11 +215,13 @@ async fn bench() -> Result<(), BoxError> {
     }
     let (fork_ms, clone_ms) = (ms(median(forks.clone())), ms(median(clones.clone())));
     println!(
-        "  fork-to-ready, median of {RUNS}:  {fork_ms:>8.1} ms (all: {:?})",
+        "  fork-to-ready, median of {}:  {fork_ms:>8.1} ms (all: {:?})",
+        runs(),
         forks.iter().map(|d| ms(*d).round()).collect::<Vec<_>>()
     );
     println!(
-        "  clone-to-ready (golden), median of {RUNS}: {clone_ms:>8.1} ms (all: {:?}); fork/clone {:.2}",
+        "  clone-to-ready (golden), median of {}: {clone_ms:>8.1} ms (all: {:?}); fork/clone {:.2}",
+        runs(),
         clones.iter().map(|d| ms(*d).round()).collect::<Vec<_>>(),
         fork_ms / clone_ms
     );
@@ -207,7 +230,7 @@ async fn bench() -> Result<(), BoxError> {
     let parent_pid = parent.handle().ok_or("the parent has no handle")?.pid as u32;
     let avail = mem_available_kib()?;
     let mut idle = Vec::new();
-    for _ in 0..RUNS {
+    for _ in 0..runs() {
         idle.push(ready(engine.restore(&spec, &dir, None).await?).await?);
     }
     tokio::time::sleep(Duration::from_secs(2)).await;
@@ -217,11 +240,12 @@ async fn bench() -> Result<(), BoxError> {
     let (prss, ppss) = rss_pss_kib(parent_pid)?;
     let forks_n = (n - 1).max(1) as f64;
     println!(
-        "  idle fork ({RUNS} running): RSS {:.1} MiB, Pss {:.1} MiB per fork QEMU, host \
+        "  idle fork ({} running): RSS {:.1} MiB, Pss {:.1} MiB per fork QEMU, host \
          MemAvailable drop {:.1} MiB per fork",
+        runs(),
         mib(rss - prss) / forks_n,
         mib(pss - ppss) / forks_n,
-        mib(dropped) / RUNS as f64
+        mib(dropped) / runs() as f64
     );
     for f in idle {
         f.destroy().await;
