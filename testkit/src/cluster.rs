@@ -33,9 +33,61 @@ pub fn cluster_toml(etcd: &Etcd, name: &str) -> String {
 
 /// Starts the sandboxd binary as cluster node `name`, with `setup` otherwise.
 pub async fn start_node(etcd: &Etcd, name: &str, setup: &Setup) -> DaemonProcess {
+    start_node_with(etcd, name, setup, "").await
+}
+
+/// [`start_node`] with `extra` lines in its `[cluster]` table (TLS keys, say).
+pub async fn start_node_with(etcd: &Etcd, name: &str, setup: &Setup, extra: &str) -> DaemonProcess {
     let mut setup = setup.clone();
     setup.tail.push_str(&cluster_toml(etcd, name));
+    setup.tail.push_str(extra);
     DaemonProcess::start_temp(crate::bins::sandboxd(), &setup, Listen::Tcp).await
+}
+
+/// Runs the sandboxd binary as node `name` with `extra` `[cluster]` lines, expecting it
+/// to refuse to start; returns its log (stderr), after checking that it exited non-zero
+/// and left no process behind.
+pub async fn refused(etcd: &Etcd, name: &str, setup: &Setup, extra: &str) -> String {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut setup = setup.clone();
+    setup.tail.push_str(&cluster_toml(etcd, name));
+    setup.tail.push_str(extra);
+    let text = setup.toml(&tmp.path().join("data"), &Listen::Tcp.address(tmp.path()));
+    let config = tmp.path().join("sandboxd.toml");
+    std::fs::write(&config, text).unwrap();
+    let log = tmp.path().join("sandboxd.log");
+    let mut cmd = std::process::Command::new(crate::bins::sandboxd());
+    cmd.arg("--config")
+        .arg(&config)
+        .env("NO_COLOR", "1")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap());
+    let mut guard = crate::guard::ChildGuard::spawn("sandboxd", &mut cmd)
+        .log(log)
+        .sweep(tmp.path().to_string_lossy().into_owned());
+    let status = wait_until(Duration::from_secs(30), "sandboxd refusing", async || {
+        guard.try_exit().ok_or("still running")
+    })
+    .await;
+    let text = guard.log_text();
+    assert!(!status.success(), "sandboxd exited 0:\n{text}");
+    // Whatever it started before giving up (its warm pool) went with it.
+    let marker = tmp.path().to_string_lossy().into_owned();
+    wait_until(
+        Duration::from_secs(10),
+        "the refused node's processes gone",
+        async || {
+            let left = crate::procs::procs_with(&marker);
+            if left.is_empty() {
+                Ok(())
+            } else {
+                Err(left)
+            }
+        },
+    )
+    .await;
+    text
 }
 
 /// `GET /v1/cluster` as root.

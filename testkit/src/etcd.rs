@@ -18,6 +18,9 @@ struct Member {
     name: String,
     client: u16,
     peer: u16,
+    /// Where `/health` answers over plain HTTP: the client port, or under TLS a metrics
+    /// port of its own.
+    health: u16,
     guard: Option<ChildGuard>,
 }
 
@@ -26,6 +29,15 @@ pub struct Etcd {
     members: Vec<Member>,
     initial: String,
     dir: tempfile::TempDir,
+    /// Serving on `https://` with these files, requiring client certificates.
+    tls: Option<Tls>,
+}
+
+/// What [`Etcd::start_tls`] serves with.
+struct Tls {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
 }
 
 /// `n` distinct ports free now, below the kernel's ephemeral range (32768 and up on
@@ -47,6 +59,22 @@ fn free_ports(n: usize) -> Vec<u16> {
 impl Etcd {
     /// Starts `n` members as one new cluster; returns once it has a leader.
     pub async fn start(n: usize) -> Etcd {
+        Etcd::start_with(n, None).await
+    }
+
+    /// One member serving clients on `https://` with `certs`' server certificate,
+    /// accepting only clients whose certificate `certs`' CA signed (`--client-cert-auth`).
+    pub async fn start_tls(certs: &crate::certs::Certs) -> Etcd {
+        let (cert, key) = certs.server();
+        let tls = Tls {
+            cert,
+            key,
+            ca: certs.ca(),
+        };
+        Etcd::start_with(1, Some(tls)).await
+    }
+
+    async fn start_with(n: usize, tls: Option<Tls>) -> Etcd {
         let found = Command::new(ETCD)
             .arg("--version")
             .stdout(Stdio::null())
@@ -55,12 +83,17 @@ impl Etcd {
             found.is_ok_and(|s| s.success()),
             "`{ETCD}` is missing: install Debian's etcd-server (`cargo xtask deps` as root)"
         );
-        let ports = free_ports(2 * n);
+        let ports = free_ports(3 * n);
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
                 name: format!("m{i}"),
-                client: ports[2 * i],
-                peer: ports[2 * i + 1],
+                client: ports[3 * i],
+                peer: ports[3 * i + 1],
+                health: if tls.is_some() {
+                    ports[3 * i + 2]
+                } else {
+                    ports[3 * i]
+                },
                 guard: None,
             })
             .collect();
@@ -75,6 +108,7 @@ impl Etcd {
             // On tmpfs: etcd fsyncs every write, and on a busy shared disk one fsync can
             // stall a member past the nodes' 2 s call bound.
             dir: tempfile::tempdir_in("/dev/shm").unwrap(),
+            tls,
         };
         for i in 0..n {
             etcd.spawn(i);
@@ -94,7 +128,7 @@ impl Etcd {
             .path()
             .join(format!("{}.log", self.members[i].name));
         let m = &self.members[i];
-        let client = format!("http://127.0.0.1:{}", m.client);
+        let client = format!("{}://127.0.0.1:{}", self.scheme(), m.client);
         let peer = format!("http://127.0.0.1:{}", m.peer);
         let mut cmd = Command::new(ETCD);
         cmd.arg("--name")
@@ -117,16 +151,25 @@ impl Etcd {
             .args(["--initial-cluster-state", "new"])
             .args(["--initial-cluster-token", "testkit"])
             // Loopback: fast heartbeats, so a lost leader is replaced within a second.
-            .args(["--heartbeat-interval", "50", "--election-timeout", "500"])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(&log)
-                    .unwrap(),
-            );
+            .args(["--heartbeat-interval", "50", "--election-timeout", "500"]);
+        if let Some(t) = &self.tls {
+            cmd.arg("--cert-file")
+                .arg(&t.cert)
+                .arg("--key-file")
+                .arg(&t.key)
+                .arg("--trusted-ca-file")
+                .arg(&t.ca)
+                .arg("--client-cert-auth")
+                .arg("--listen-metrics-urls")
+                .arg(format!("http://127.0.0.1:{}", m.health));
+        }
+        cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(&log)
+                .unwrap(),
+        );
         let guard = ChildGuard::spawn(&format!("etcd {}", m.name), &mut cmd)
             .grace(Duration::from_secs(5))
             .log(log)
@@ -134,11 +177,19 @@ impl Etcd {
         self.members[i].guard = Some(guard);
     }
 
+    fn scheme(&self) -> &'static str {
+        if self.tls.is_some() {
+            "https"
+        } else {
+            "http"
+        }
+    }
+
     /// Every member's client URL, for `[cluster] etcd`.
     pub fn endpoints(&self) -> Vec<String> {
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client))
+            .map(|m| format!("{}://127.0.0.1:{}", self.scheme(), m.client))
             .collect()
     }
 
@@ -166,7 +217,7 @@ impl Etcd {
             }
         }
         for m in self.members.iter().filter(|m| m.guard.is_some()) {
-            let at = Endpoint::Tcp(([127, 0, 0, 1], m.client).into());
+            let at = Endpoint::Tcp(([127, 0, 0, 1], m.health).into());
             if let Ok(r) = try_call(at, "GET", "/health", None, None).await {
                 if r.status == 200 && r.text().contains("\"true\"") {
                     return true;

@@ -44,6 +44,7 @@
 #![deny(missing_docs)]
 
 pub mod bins;
+pub mod certs;
 pub mod cgroup2;
 pub mod cluster;
 pub mod daemon;

@@ -29,8 +29,9 @@ pub(crate) const APT_LISTS: &str = "/var/lib/apt/lists";
 /// (`cargo xtask dist`, `xtask/tests/dist.rs`). `tmux` is the terminal `sbx shell` is
 /// tested in (`sbx/tests/shell.rs`). `pip3` fills the E2B tests' Python environment
 /// (`e2b_venv.rs`). `etcd` is the cluster's store (`sandboxd/tests/cluster.rs`
-/// runs a 3-member etcd) and `protoc` compiles etcd's protos for the `etcd-client` crate.
-const PACKAGES: [(&str, &str); 11] = [
+/// runs a 3-member etcd) and `protoc` compiles etcd's protos for the `etcd-client` crate;
+/// `openssl` makes throwaway certificates for TLS to etcd (`sandboxd/tests/cluster_tls.rs`).
+const PACKAGES: [(&str, &str); 12] = [
     ("bwrap", "bubblewrap"),
     ("file", "file"),
     ("ps", "procps"),
@@ -42,6 +43,7 @@ const PACKAGES: [(&str, &str); 11] = [
     ("pip3", "python3-pip"),
     ("etcd", "etcd-server"),
     ("protoc", "protobuf-compiler"),
+    ("openssl", "openssl"),
 ];
 
 /// A version's major and minor numbers.

@@ -1,5 +1,8 @@
 //! `[cluster]`: the etcd endpoints, this node's name and advertised URL, the peer secret
-//! and the lease TTL, with their one validation. No `[cluster]` means a single node.
+//! the lease TTL and how to reach etcd (credentials, TLS), with their one validation.
+//! No `[cluster]` means a single node.
+
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -9,7 +12,8 @@ use crate::error::{Error, Result};
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ClusterConfig {
-    /// etcd client endpoints (`http://host:port`), any subset of the etcd cluster.
+    /// etcd client endpoints (`http://host:port`, or all `https://host:port` with
+    /// `etcd_ca`), any subset of the etcd cluster.
     pub etcd: Vec<String>,
     /// This node's name, unique in the cluster; its membership key and ownership
     /// records carry it, so a restarted node with the same name takes its sandboxes back.
@@ -34,6 +38,17 @@ pub struct ClusterConfig {
     /// Its password.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd_password: Option<String>,
+    /// PEM CA certificate(s) that etcd's serving certificate must chain to; required by
+    /// (and only with) `https://` endpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_ca: Option<PathBuf>,
+    /// PEM client certificate this node presents to etcd (`--client-cert-auth`), with
+    /// `etcd_key`; both or neither.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_cert: Option<PathBuf>,
+    /// PEM private key of `etcd_cert`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub etcd_key: Option<PathBuf>,
 }
 
 fn lease_ttl() -> u64 {
@@ -46,9 +61,15 @@ fn prefix() -> String {
 
 /// `http://host:port` with a non-empty host and a port, nothing after it.
 fn plain_http_url(url: &str) -> bool {
-    let Some(rest) = url.strip_prefix("http://") else {
-        return false;
-    };
+    url.strip_prefix("http://").is_some_and(host_port)
+}
+
+/// `https://host:port`, likewise.
+fn https_url(url: &str) -> bool {
+    url.strip_prefix("https://").is_some_and(host_port)
+}
+
+fn host_port(rest: &str) -> bool {
     let rest = rest.trim_end_matches('/');
     match rest.rsplit_once(':') {
         Some((host, port)) => {
@@ -65,8 +86,31 @@ impl ClusterConfig {
         if self.etcd.is_empty() {
             return bad("etcd must name at least one endpoint".into());
         }
-        if let Some(e) = self.etcd.iter().find(|e| !plain_http_url(e)) {
-            return bad(format!("etcd endpoint {e:?} is not http://host:port"));
+        // One scheme for all: TLS settings are per client, and a mix would be a typo.
+        let tls = self.etcd_ca.is_some();
+        let (scheme_ok, form): (fn(&str) -> bool, _) = if tls {
+            (https_url, "https://host:port (etcd_ca is set)")
+        } else {
+            (plain_http_url, "http://host:port (https:// needs etcd_ca)")
+        };
+        if let Some(e) = self.etcd.iter().find(|e| !scheme_ok(e)) {
+            return bad(format!("etcd endpoint {e:?} is not {form}"));
+        }
+        if self.etcd_cert.is_some() != self.etcd_key.is_some() {
+            return bad("etcd_cert and etcd_key go together".into());
+        }
+        if self.etcd_cert.is_some() && !tls {
+            return bad("etcd_cert needs etcd_ca and https:// endpoints".into());
+        }
+        let files = [
+            ("etcd_ca", &self.etcd_ca),
+            ("etcd_cert", &self.etcd_cert),
+            ("etcd_key", &self.etcd_key),
+        ];
+        for (key, path) in files {
+            if let Some(p) = path.as_deref().filter(|p| !p.is_file()) {
+                return bad(format!("{key} {} is not a readable file", p.display()));
+            }
         }
         let name_ok = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_' || c == '.';
         if self.node_name.is_empty()
@@ -114,6 +158,9 @@ mod tests {
             prefix: prefix(),
             etcd_user: None,
             etcd_password: None,
+            etcd_ca: None,
+            etcd_cert: None,
+            etcd_key: None,
         }
     }
 
@@ -124,7 +171,7 @@ mod tests {
             good().validate(true).is_err(),
             "unix listen needs advertise_url"
         );
-        let cases: [fn(&mut ClusterConfig); 9] = [
+        let cases: [fn(&mut ClusterConfig); 14] = [
             |c| c.etcd.clear(),
             |c| c.etcd = vec!["https://x:1".into()],
             |c| c.node_name = "a/b".into(),
@@ -134,6 +181,21 @@ mod tests {
             |c| c.lease_ttl_seconds = 1,
             |c| c.prefix = "x/".into(),
             |c| c.etcd_user = Some("u".into()),
+            |c| c.etcd_ca = Some("/etc/passwd".into()),
+            |c| {
+                c.etcd = vec!["https://x:1".into()];
+                c.etcd_ca = Some("/nonexistent/ca.pem".into());
+            },
+            |c| {
+                c.etcd = vec!["https://x:1".into()];
+                c.etcd_ca = Some("/etc/passwd".into());
+                c.etcd_cert = Some("/etc/passwd".into());
+            },
+            |c| c.etcd_cert = Some("/etc/passwd".into()),
+            |c| {
+                c.etcd = vec!["https://x:1".into(), "http://y:1".into()];
+                c.etcd_ca = Some("/etc/passwd".into());
+            },
         ];
         for (i, break_it) in cases.iter().enumerate() {
             let mut c = good();
@@ -143,5 +205,15 @@ mod tests {
         assert!(plain_http_url("http://10.0.0.1:8080"));
         assert!(plain_http_url("http://[::1]:8080"));
         assert!(!plain_http_url("http://h:8080/path"));
+        let mut tls = good();
+        tls.etcd = vec!["https://127.0.0.1:2379".into()];
+        tls.etcd_ca = Some("/etc/passwd".into());
+        tls.etcd_cert = Some("/etc/passwd".into());
+        tls.etcd_key = Some("/etc/passwd".into());
+        assert!(tls.validate(false).is_ok());
+        let err = tls.etcd_ca.replace("/nonexistent/ca.pem".into());
+        assert!(err.is_some());
+        let msg = tls.validate(false).unwrap_err().to_string();
+        assert!(msg.contains("/nonexistent/ca.pem"), "{msg}");
     }
 }

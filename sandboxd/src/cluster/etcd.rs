@@ -15,7 +15,8 @@ use std::time::Duration;
 
 use api::cluster::NodeRecord;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
+    PutOptions, TlsOptions, Txn, TxnOp,
 };
 use serde::{Deserialize, Serialize};
 
@@ -62,6 +63,104 @@ fn try_another(e: &etcd_client::Error) -> bool {
     }
 }
 
+/// `[cluster] etcd_ca` (and the client identity) as the client's TLS settings; `None`
+/// for plain `http://` endpoints.
+fn tls_options(config: &ClusterConfig) -> Result<Option<TlsOptions>> {
+    let read = |key: &str, path: &std::path::Path| {
+        std::fs::read(path)
+            .map_err(|e| Error::Config(format!("[cluster] {key} {}: {e}", path.display())))
+    };
+    let Some(ca) = &config.etcd_ca else {
+        return Ok(None);
+    };
+    let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(read("etcd_ca", ca)?));
+    if let (Some(cert), Some(key)) = (&config.etcd_cert, &config.etcd_key) {
+        tls = tls.identity(Identity::from_pem(
+            read("etcd_cert", cert)?,
+            read("etcd_key", key)?,
+        ));
+    }
+    Ok(Some(tls))
+}
+
+/// Refuses to start when a member accepts TCP connections but the TLS session with it
+/// fails (a CA that does not match, a client certificate etcd does not take): retrying
+/// never fixes that, so it is a config error now, not an endless "unreachable" later.
+/// A member that is down, or too slow to answer, is left to the usual retries.
+async fn check_tls(config: &ClusterConfig, clients: &[Client]) -> Result<()> {
+    // A server that wants a client certificate drops the connection without one, which
+    // is all the client sees: say so.
+    let hint = match config.etcd_cert {
+        Some(_) => "",
+        None => "; etcd with --client-cert-auth drops clients without etcd_cert/etcd_key",
+    };
+    for (endpoint, client) in config.etcd.iter().zip(clients) {
+        let host = endpoint
+            .trim_start_matches("https://")
+            .trim_end_matches('/');
+        let tcp = tokio::time::timeout(CALL_TIMEOUT, tokio::net::TcpStream::connect(host)).await;
+        if !matches!(tcp, Ok(Ok(_))) {
+            continue;
+        }
+        let e = match client.clone().status().await {
+            Ok(_) => continue,
+            Err(etcd_client::Error::GRpcStatus(s))
+                if matches!(
+                    s.code(),
+                    tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
+                ) =>
+            {
+                continue
+            }
+            Err(e) => e,
+        };
+        return Err(Error::Config(format!(
+            "[cluster] TLS with etcd endpoint {endpoint:?} failed (check etcd_ca, etcd_cert, \
+             etcd_key): {}{hint}",
+            detail(&e)
+        )));
+    }
+    Ok(())
+}
+
+/// An etcd failure with its causes (`transport error: ...: invalid peer certificate:
+/// UnknownIssuer`): tonic's own text says only "transport error", leaving an operator
+/// guessing at a TLS misconfiguration.
+pub fn detail(e: &etcd_client::Error) -> String {
+    match e {
+        etcd_client::Error::TransportError(t) => format!("transport error: {}", chain(t)),
+        etcd_client::Error::GRpcStatus(s) => {
+            let mut text = format!("{:?}: {}", s.code(), s.message());
+            let mut source = std::error::Error::source(s);
+            while let Some(e) = source {
+                append(&mut text, e);
+                source = e.source();
+            }
+            text
+        }
+        e => e.to_string(),
+    }
+}
+
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        append(&mut text, s);
+        source = s.source();
+    }
+    text
+}
+
+/// Appends a cause's text unless it is already there (tonic repeats its causes).
+fn append(text: &mut String, cause: &dyn std::error::Error) {
+    let more = cause.to_string();
+    if !text.contains(&more) {
+        text.push_str(": ");
+        text.push_str(&more);
+    }
+}
+
 /// An etcd failure as the API answers it.
 pub fn unreachable(what: &str, e: impl std::fmt::Display) -> Error {
     tracing::warn!("etcd: {what}: {e}");
@@ -81,12 +180,18 @@ impl Etcd {
         if let (Some(u), Some(p)) = (&config.etcd_user, &config.etcd_password) {
             options = options.with_user(u.clone(), p.clone());
         }
+        if let Some(tls) = tls_options(config)? {
+            options = options.with_tls(tls);
+        }
         let mut clients = Vec::new();
         for endpoint in &config.etcd {
             let client = Client::connect([endpoint], Some(options.clone()))
                 .await
                 .map_err(|e| Error::Config(format!("[cluster] etcd endpoint {endpoint:?}: {e}")))?;
             clients.push(client);
+        }
+        if config.etcd_ca.is_some() {
+            check_tls(config, &clients).await?;
         }
         Ok(Etcd {
             clients,
@@ -113,12 +218,12 @@ impl Etcd {
                     return Ok(v);
                 }
                 Err(e) if try_another(&e) => last = Some(e),
-                Err(e) => return Err(unreachable(what, e)),
+                Err(e) => return Err(unreachable(what, detail(&e))),
             }
         }
         Err(unreachable(
             what,
-            last.map_or("no endpoint".to_string(), |e| e.to_string()),
+            last.map_or("no endpoint".to_string(), |e| detail(&e)),
         ))
     }
 
