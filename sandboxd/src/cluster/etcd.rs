@@ -15,8 +15,7 @@ use std::time::Duration;
 
 use api::cluster::NodeRecord;
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, Identity,
-    PutOptions, TlsOptions, Txn, TxnOp,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp,
 };
 use serde::{Deserialize, Serialize};
 
@@ -25,7 +24,7 @@ use crate::error::{Error, Result};
 
 /// Bound on one etcd call: past it etcd counts as unreachable (quorum lost or no member
 /// answering) and the call answers 503.
-const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(2);
 /// Quota transactions retried when another claim for the same tenant won the race.
 const QUOTA_TRIES: usize = 16;
 
@@ -61,66 +60,6 @@ fn try_another(e: &etcd_client::Error) -> bool {
         etcd_client::Error::GRpcStatus(s) => s.code() == tonic::Code::Unavailable,
         _ => false,
     }
-}
-
-/// `[cluster] etcd_ca` (and the client identity) as the client's TLS settings; `None`
-/// for plain `http://` endpoints.
-fn tls_options(config: &ClusterConfig) -> Result<Option<TlsOptions>> {
-    let read = |key: &str, path: &std::path::Path| {
-        std::fs::read(path)
-            .map_err(|e| Error::Config(format!("[cluster] {key} {}: {e}", path.display())))
-    };
-    let Some(ca) = &config.etcd_ca else {
-        return Ok(None);
-    };
-    let mut tls = TlsOptions::new().ca_certificate(Certificate::from_pem(read("etcd_ca", ca)?));
-    if let (Some(cert), Some(key)) = (&config.etcd_cert, &config.etcd_key) {
-        tls = tls.identity(Identity::from_pem(
-            read("etcd_cert", cert)?,
-            read("etcd_key", key)?,
-        ));
-    }
-    Ok(Some(tls))
-}
-
-/// Refuses to start when a member accepts TCP connections but the TLS session with it
-/// fails (a CA that does not match, a client certificate etcd does not take): retrying
-/// never fixes that, so it is a config error now, not an endless "unreachable" later.
-/// A member that is down, or too slow to answer, is left to the usual retries.
-async fn check_tls(config: &ClusterConfig, clients: &[Client]) -> Result<()> {
-    // A server that wants a client certificate drops the connection without one, which
-    // is all the client sees: say so.
-    let hint = match config.etcd_cert {
-        Some(_) => "",
-        None => "; etcd with --client-cert-auth drops clients without etcd_cert/etcd_key",
-    };
-    for (endpoint, client) in config.etcd.iter().zip(clients) {
-        let host = endpoint
-            .trim_start_matches("https://")
-            .trim_end_matches('/');
-        let tcp = tokio::time::timeout(CALL_TIMEOUT, tokio::net::TcpStream::connect(host)).await;
-        if !matches!(tcp, Ok(Ok(_))) {
-            continue;
-        }
-        let e = match client.clone().status().await {
-            Ok(_) => continue,
-            Err(etcd_client::Error::GRpcStatus(s))
-                if matches!(
-                    s.code(),
-                    tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
-                ) =>
-            {
-                continue
-            }
-            Err(e) => e,
-        };
-        return Err(Error::Config(format!(
-            "[cluster] TLS with etcd endpoint {endpoint:?} failed (check etcd_ca, etcd_cert, \
-             etcd_key): {}{hint}",
-            detail(&e)
-        )));
-    }
-    Ok(())
 }
 
 /// An etcd failure with its causes (`transport error: ...: invalid peer certificate:
@@ -180,7 +119,7 @@ impl Etcd {
         if let (Some(u), Some(p)) = (&config.etcd_user, &config.etcd_password) {
             options = options.with_user(u.clone(), p.clone());
         }
-        if let Some(tls) = tls_options(config)? {
+        if let Some(tls) = super::tls::options(config)? {
             options = options.with_tls(tls);
         }
         let mut clients = Vec::new();
@@ -191,7 +130,7 @@ impl Etcd {
             clients.push(client);
         }
         if config.etcd_ca.is_some() {
-            check_tls(config, &clients).await?;
+            super::tls::check(config, &clients).await?;
         }
         Ok(Etcd {
             clients,

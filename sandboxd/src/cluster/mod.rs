@@ -10,6 +10,7 @@ pub mod etcd;
 pub mod forward;
 pub mod membership;
 pub mod placement;
+mod tls;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
