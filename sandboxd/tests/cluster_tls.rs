@@ -65,6 +65,9 @@ async fn a_node_reaches_etcd_over_tls() {
     // The right CA but no client certificate: etcd drops the connection.
     let log = refused(&etcd, "c", &setup, &keys(&certs.ca(), None)).await;
     let why = reason(&log);
+    // What the client sees of the drop varies (a fatal alert, a broken pipe, a
+    // cancelled stream): printed, not asserted.
+    eprintln!("without a client certificate: {why}");
     assert!(why.starts_with(&failed), "{why}");
     assert!(
         why.ends_with("; etcd with --client-cert-auth drops clients without etcd_cert/etcd_key"),

@@ -67,7 +67,11 @@ pub async fn refused(etcd: &Etcd, name: &str, setup: &Setup, extra: &str) -> Str
         .log(log)
         .sweep(tmp.path().to_string_lossy().into_owned());
     let status = wait_until(Duration::from_secs(30), "sandboxd refusing", async || {
-        guard.try_exit().ok_or("still running")
+        guard.try_exit().ok_or_else(|| {
+            let log = guard.log_text();
+            let tail: Vec<&str> = log.lines().rev().take(6).collect();
+            format!("still running; its log ends (newest first): {tail:#?}")
+        })
     })
     .await;
     let text = guard.log_text();

@@ -47,17 +47,8 @@ pub(super) async fn check(config: &ClusterConfig, clients: &[Client]) -> Result<
         if !matches!(tcp, Ok(Ok(_))) {
             continue;
         }
-        let e = match client.clone().status().await {
-            Ok(_) => continue,
-            Err(etcd_client::Error::GRpcStatus(s))
-                if matches!(
-                    s.code(),
-                    tonic::Code::DeadlineExceeded | tonic::Code::Cancelled
-                ) =>
-            {
-                continue
-            }
-            Err(e) => e,
+        let Some(e) = probe(client).await else {
+            continue;
         };
         return Err(Error::Config(format!(
             "[cluster] TLS with etcd endpoint {endpoint:?} failed (check etcd_ca, etcd_cert, \
@@ -66,4 +57,34 @@ pub(super) async fn check(config: &ClusterConfig, clients: &[Client]) -> Result<
         )));
     }
     Ok(())
+}
+
+/// Asks a member for its status up to [`PROBES`] times while it only times out; the
+/// failure, or `None` when it answered or stayed too slow to tell.
+async fn probe(client: &Client) -> Option<etcd_client::Error> {
+    for _ in 0..PROBES {
+        match client.clone().status().await {
+            Ok(_) => return None,
+            Err(e) if timed_out(&e) => continue,
+            Err(e) => return Some(e),
+        }
+    }
+    None
+}
+
+/// Status asks a member per probe: a loaded host can stall one call past the bound.
+const PROBES: usize = 3;
+
+/// A call that ran out of time (the client's own bound, or the server's deadline), as
+/// opposed to one cut off: a connection dropped mid-call is `Cancelled` too, with
+/// another message, and is what a server refusing the client's certificate looks like.
+fn timed_out(e: &etcd_client::Error) -> bool {
+    match e {
+        etcd_client::Error::GRpcStatus(s) => {
+            s.code() == tonic::Code::DeadlineExceeded
+                || (s.code() == tonic::Code::Cancelled
+                    && s.message() == tonic::TimeoutExpired(()).to_string())
+        }
+        _ => false,
+    }
 }
