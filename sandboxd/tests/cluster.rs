@@ -28,8 +28,24 @@ fn stdout(r: &testkit::http::Resp) -> String {
     r.json()["stdout"].as_str().unwrap_or_default().to_string()
 }
 
+/// A claim at `api`, as the SDK makes one: a 503 with `Retry-After` (etcd slow to answer
+/// on a loaded host, a leader election) is waited out and retried, a few times.
 async fn claim_at(api: &Api, token: &str) -> (String, String, String) {
-    let r = api.call("POST", "/v1/claim", Some(token), Some("{}")).await;
+    let mut r = api.call("POST", "/v1/claim", Some(token), Some("{}")).await;
+    for _ in 0..5 {
+        let retry_after = r
+            .headers
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        match (r.status.as_u16(), retry_after) {
+            (503, Some(secs)) => {
+                println!("claim: 503, retrying after {secs} s: {}", r.text());
+                tokio::time::sleep(std::time::Duration::from_secs(secs)).await;
+                r = api.call("POST", "/v1/claim", Some(token), Some("{}")).await;
+            }
+            _ => break,
+        }
+    }
     assert_eq!(r.status, 200, "claim: {}", r.text());
     let v = r.json();
     (

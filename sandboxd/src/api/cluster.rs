@@ -70,14 +70,24 @@ pub(super) async fn claim(
         let (default_template, default_size) = node.config.default_key();
         let template = claim.template.clone().unwrap_or(default_template);
         let size = claim.size.clone().unwrap_or(default_size);
-        let target = cluster.place(&template, &size)?;
-        if target.name != cluster.name() {
-            let req = Request::from_parts(parts, Full::new(bytes));
-            let mut resp =
-                forward::forward(&target.name, &target.url, &cluster.config.peer_token, req)
-                    .await?;
-            name_node(&mut resp, &target.name);
-            return Ok(resp);
+        // This node's own warm guests are read live: its published record can lag behind a
+        // claim or a refill by the debounce, and a warm guest here is the fastest answer.
+        let warm_here = !cluster.draining()
+            && node
+                .pools
+                .info()
+                .iter()
+                .any(|p| p.template == template && p.size == size && p.warm > 0);
+        if !warm_here {
+            let target = cluster.place(&template, &size)?;
+            if target.name != cluster.name() {
+                let req = Request::from_parts(parts, Full::new(bytes));
+                let mut resp =
+                    forward::forward(&target.name, &target.url, &cluster.config.peer_token, req)
+                        .await?;
+                name_node(&mut resp, &target.name);
+                return Ok(resp);
+            }
         }
     }
     if cluster.draining() {
