@@ -29,9 +29,12 @@ pub(crate) const APT_LISTS: &str = "/var/lib/apt/lists";
 /// (`cargo xtask dist`, `xtask/tests/dist.rs`). `tmux` is the terminal `sbx shell` is
 /// tested in (`sbx/tests/shell.rs`). `pip3` fills the E2B tests' Python environment
 /// (`e2b_venv.rs`). `etcd` is the cluster's store (`sandboxd/tests/cluster.rs`
-/// runs a 3-member etcd) and `protoc` compiles etcd's protos for the `etcd-client` crate;
+/// runs a 3-member etcd) and `protoc` compiles etcd's protos for the `etcd-client` crate,
+/// which import protobuf's well-known types (`google/protobuf/descriptor.proto`, from
+/// `libprotobuf-dev`: `protobuf-compiler` alone fails that build on a fresh machine);
 /// `openssl` makes throwaway certificates for TLS to etcd (`sandboxd/tests/cluster_tls.rs`).
-const PACKAGES: [(&str, &str); 12] = [
+/// A "tool" that starts with `/` is a file the package ships, for packages without a binary.
+const PACKAGES: [(&str, &str); 13] = [
     ("bwrap", "bubblewrap"),
     ("file", "file"),
     ("ps", "procps"),
@@ -43,6 +46,10 @@ const PACKAGES: [(&str, &str); 12] = [
     ("pip3", "python3-pip"),
     ("etcd", "etcd-server"),
     ("protoc", "protobuf-compiler"),
+    (
+        "/usr/include/google/protobuf/descriptor.proto",
+        "libprotobuf-dev",
+    ),
     ("openssl", "openssl"),
 ];
 
@@ -177,11 +184,15 @@ pub fn check() -> Result<()> {
     }
 }
 
-/// The (tool, package) pairs of [`PACKAGES`] whose tool is not on PATH.
+/// The (tool, package) pairs of [`PACKAGES`] whose tool is not on PATH (or, for a path,
+/// not a file).
 fn missing_tools() -> Vec<(&'static str, &'static str)> {
     PACKAGES
         .into_iter()
-        .filter(|(tool, _)| !tool::on_path(tool))
+        .filter(|(tool, _)| match tool.strip_prefix('/') {
+            Some(_) => !Path::new(tool).is_file(),
+            None => !tool::on_path(tool),
+        })
         .collect()
 }
 
