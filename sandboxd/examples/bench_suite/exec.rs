@@ -1,7 +1,9 @@
 //! Suite `exec`: the round trip of `true` by buffered exec (HTTP, pooled connection), by
 //! relay on a kept connection (one upgraded stream, `Exec` after `Exec`) and by relay on
 //! a fresh connection (the SDK's `spawn` + `wait`), next to a host fork+exec+wait of
-//! `true`, interleaved round by round so machine noise hits all alike.
+//! `true`, interleaved round by round so machine noise hits all alike; then the first
+//! buffered exec in a sandbox just claimed from the warm pool (a fresh VM clone), to set
+//! beside the steady buffered row.
 
 use std::time::Instant;
 
@@ -100,6 +102,7 @@ pub async fn run(engine: Engine, quick: bool) -> Result<(), BoxError> {
             }
         }
     }
+    let first = first_execs(&node, &cmd, if quick { 3 } else { 10 }).await;
     let mut table = Table::new("exec", engine.name());
     table.floor("host fork+exec+wait `true`", floor, None);
     table.row(
@@ -113,7 +116,32 @@ pub async fn run(engine: Engine, quick: bool) -> Result<(), BoxError> {
         fresh,
         None,
     );
+    table.row(
+        "buffered exec `true`, first in a fresh warm claim",
+        &first,
+        None,
+    );
     drop(relay);
     sandbox.release().await?;
     Ok(())
+}
+
+/// The first buffered `true` in each of `n` sandboxes claimed from a refilled warm pool.
+async fn first_execs(node: &Node, cmd: &Command, n: usize) -> Samples {
+    let client = node.client();
+    let mut first = Samples::default();
+    for _ in 0..n {
+        node.wait_warm(1).await;
+        let Ok(sandbox) = client.claim(ClaimOptions::new()).await else {
+            first.failures += 1;
+            continue;
+        };
+        let t = Instant::now();
+        match sandbox.exec(cmd).await {
+            Ok(o) if o.exit.success() => first.push(t.elapsed()),
+            _ => first.failures += 1,
+        }
+        let _ = sandbox.release().await;
+    }
+    first
 }

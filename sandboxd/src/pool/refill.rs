@@ -91,7 +91,7 @@ impl Pools {
                         .admission_wait_seconds
                         .get_or_create(&WaitLabel { kind: "start" })
                         .observe(asked.elapsed().as_secs_f64());
-                    this.start_ready(&spec).await
+                    this.start_primed(&spec).await
                 });
             }
             let mut failed = None;
