@@ -22,7 +22,8 @@
 //! - [`template`]: a template's default user, workdir and env (from its image's
 //!   manifest), rendered as silkd's flags.
 //! - [`cluster`]: `[cluster]`: membership in etcd, placement, ownership and forwarding to
-//!   the owner, tenant limits across nodes, drain.
+//!   the owner (over mTLS with `peer_*`, on a listener of its own), tenant limits across
+//!   nodes, drain.
 //! - [`serve`]: connections: the `[http]` cap and the header, idle and write timeouts.
 //! - [`e2b`]: the optional E2B-compatible listener (`[e2b]`), a translation onto the above.
 //!
@@ -118,12 +119,22 @@ pub async fn run(
     config.validate()?;
     serve::raise_fd_limit(&config.http);
     let node = Node::start(config).await?;
+    let mut peer = None;
     if let Some(c) = node.config.cluster.clone() {
         let bound = match &listener {
             Listener::Tcp(l) => l.local_addr().ok(),
             Listener::Unix(_) => None,
         };
-        let cluster = match cluster::Cluster::join(c, bound).await {
+        // Bound before joining: its address is what this node advertises.
+        let peer_listener = match cluster::peer_tls::bind(&c).await {
+            Ok(l) => l,
+            Err(e) => {
+                node.shutdown().await;
+                return Err(e);
+            }
+        };
+        let peer_bound = peer_listener.as_ref().and_then(|l| l.local_addr().ok());
+        let cluster = match cluster::Cluster::join(c, bound, peer_bound).await {
             Ok(cluster) => cluster,
             Err(e) => {
                 node.shutdown().await;
@@ -131,12 +142,18 @@ pub async fn run(
             }
         };
         let _ = node.cluster.set(cluster.clone());
+        if let (Some(l), Some(tls)) = (peer_listener, &cluster.peer_tls) {
+            peer = Some(cluster::peer_tls::serve(node.clone(), tls, l));
+        }
         cluster::membership::spawn(cluster, node.clone());
     }
     let e2b = match &node.config.e2b {
         Some(c) => match e2b::start(node.clone(), c).await {
             Ok(l) => Some(l),
             Err(e) => {
+                if let Some(peer) = peer {
+                    peer.stop().await;
+                }
                 if let Some(cluster) = node.cluster.get() {
                     cluster.leave().await;
                 }
@@ -170,6 +187,9 @@ pub async fn run(
     tracing::info!(on_stop = ?node.config.on_stop, "shutting down");
     if let Some(e2b) = e2b {
         e2b.stop().await;
+    }
+    if let Some(peer) = peer {
+        peer.stop().await;
     }
     if let Some(cluster) = node.cluster.get() {
         cluster.leave().await;

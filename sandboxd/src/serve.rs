@@ -9,8 +9,9 @@
 //! timed here. An upgraded connection (a relay) keeps its slot under the cap until it
 //! closes, but leaves every timeout behind: a relay may be quiet for as long as it likes.
 //!
-//! The same limits serve both listeners: the native API's and, with `[e2b]`, the E2B
-//! surface's (each with slots of its own), through a [`Handler`].
+//! The same limits serve every listener: the native API's and, with `[e2b]`, the E2B
+//! surface's, and with `[cluster] peer_listen` the other nodes' (each with slots of its
+//! own), through a [`Handler`].
 //!
 //! Must not: know about routes or statuses beyond the one fixed 503 (that is `api`'s).
 
@@ -77,6 +78,19 @@ pub type Handler = Arc<
         + Sync,
 >;
 
+/// The native API as a [`Handler`].
+pub fn api_handler(node: Arc<Node>) -> Handler {
+    Arc::new(move |req| {
+        let node = node.clone();
+        Box::pin(async move {
+            match api::handle(node, req).await {
+                Ok(resp) => resp,
+                Err(never) => match never {},
+            }
+        })
+    })
+}
+
 /// The node's connection slots.
 pub struct Connections {
     slots: Arc<Semaphore>,
@@ -104,19 +118,11 @@ impl Connections {
         node: Arc<Node>,
         io: Box<dyn Conn>,
     ) -> impl std::future::Future<Output = ()> {
-        let handler: Handler = Arc::new(move |req| {
-            let node = node.clone();
-            Box::pin(async move {
-                match api::handle(node, req).await {
-                    Ok(resp) => resp,
-                    Err(never) => match never {},
-                }
-            })
-        });
-        self.serve_with(handler, io)
+        self.serve_with(api_handler(node), io)
     }
 
-    /// [`Connections::serve`] with another handler (the E2B surface's).
+    /// [`Connections::serve`] with another handler (the E2B surface's, or the native one
+    /// wrapped by the cluster's peer listener).
     pub fn serve_with(
         &self,
         handler: Handler,

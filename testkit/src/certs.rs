@@ -1,6 +1,7 @@
 //! Throwaway TLS material for a test, made with the `openssl` CLI in a temp dir: a CA,
-//! a server certificate for 127.0.0.1 and a client certificate, both signed by it.
-//! Gone when the value is dropped. Needs Debian's `openssl` (`cargo xtask deps`).
+//! a server certificate for 127.0.0.1, a client certificate, and a node certificate for
+//! 127.0.0.1 good for both (a cluster node's `peer_cert`), all signed by it. Gone when
+//! the value is dropped. Needs Debian's `openssl` (`cargo xtask deps`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -30,8 +31,8 @@ fn openssl(dir: &Path, args: &[&str]) {
 const KEY: [&str; 4] = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
 
 impl Certs {
-    /// A new CA (its subject names `name`) with a server certificate (SAN 127.0.0.1)
-    /// and a client certificate.
+    /// A new CA (its subject names `name`) with a server certificate (SAN 127.0.0.1),
+    /// a client certificate and a node certificate (both usages, SAN 127.0.0.1).
     pub fn new(name: &str) -> Certs {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
@@ -45,7 +46,12 @@ impl Certs {
             d,
             &[&["req"], &ca[..], &["-keyout", "ca.key", "-out", "ca.pem"]].concat(),
         );
-        for (who, usage) in [("server", "serverAuth"), ("client", "clientAuth")] {
+        let made = [
+            ("server", "serverAuth"),
+            ("client", "clientAuth"),
+            ("node", "serverAuth,clientAuth"),
+        ];
+        for (who, usage) in made {
             let ext = format!(
                 "basicConstraints=CA:FALSE\nextendedKeyUsage={usage}\nsubjectAltName=IP:127.0.0.1\n"
             );
@@ -100,5 +106,11 @@ impl Certs {
     /// The client certificate and its key.
     pub fn client(&self) -> (PathBuf, PathBuf) {
         (self.file("client.pem"), self.file("client.key"))
+    }
+
+    /// The node certificate (server and client authentication, SAN 127.0.0.1) and its
+    /// key: what a cluster node serves and presents on its peer connections.
+    pub fn node(&self) -> (PathBuf, PathBuf) {
+        (self.file("node.pem"), self.file("node.key"))
     }
 }

@@ -2,8 +2,8 @@
 //! owns, forwarded before authentication (only the owner knows the sandbox's token);
 //! claims placed on a member and counted against the tenant cluster-wide; release
 //! clearing the ownership record; and the routes `GET /v1/cluster` and
-//! `POST /v1/node/drain`. A request that carries the peer token was routed already and
-//! is served where it lands.
+//! `POST /v1/node/drain`. A request that carries the peer token (and, with peer TLS,
+//! arrived on the peer listener) was routed already and is served where it lands.
 
 use std::sync::Arc;
 
@@ -13,13 +13,13 @@ use hyper::{Request, Response, StatusCode};
 
 use super::{decode_json, empty, json, read_body, read_json, Body};
 use crate::auth::{require_claimer, require_root, require_sandbox, Caller};
-use crate::cluster::forward::{self, name_node, PEER_HEADER};
+use crate::cluster::forward::{self, name_node};
 use crate::cluster::{Cluster, Route as Owner};
 use crate::error::{Error, Result};
 use crate::node::Node;
 
 fn routed_already(cluster: &Cluster, req: &Request<Incoming>) -> bool {
-    cluster.is_peer(req.headers().get(PEER_HEADER))
+    cluster.is_peer(req)
 }
 
 /// A request for sandbox `id`: `Ok(req)` back when it is served here (claimed here, or
@@ -40,8 +40,7 @@ pub(super) async fn forward_for(
         Owner::Local => Err(Error::NotFound),
         Owner::Peer(owner) => {
             let release = req.uri().path().ends_with("/release");
-            let mut resp =
-                forward::forward(&owner.name, &owner.url, &cluster.config.peer_token, req).await?;
+            let mut resp = forward::forward(cluster, &owner.name, &owner.url, req).await?;
             if release && resp.status().is_success() {
                 cluster.forget(id);
             }
@@ -82,9 +81,7 @@ pub(super) async fn claim(
             let target = cluster.place(&template, &size)?;
             if target.name != cluster.name() {
                 let req = Request::from_parts(parts, Full::new(bytes));
-                let mut resp =
-                    forward::forward(&target.name, &target.url, &cluster.config.peer_token, req)
-                        .await?;
+                let mut resp = forward::forward(cluster, &target.name, &target.url, req).await?;
                 name_node(&mut resp, &target.name);
                 return Ok(resp);
             }

@@ -1,7 +1,9 @@
 //! `[cluster]`: the etcd endpoints, this node's name and advertised URL, the peer secret
-//! the lease TTL and how to reach etcd (credentials, TLS), with their one validation.
-//! No `[cluster]` means a single node.
+//! the lease TTL, how to reach etcd (credentials, TLS) and the optional mTLS listener for
+//! the other nodes (`peer_*`), with their one validation. No `[cluster]` means a single
+//! node.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
@@ -18,8 +20,10 @@ pub struct ClusterConfig {
     /// This node's name, unique in the cluster; its membership key and ownership
     /// records carry it, so a restarted node with the same name takes its sandboxes back.
     pub node_name: String,
-    /// How the other nodes reach this one (`http://host:port`); the bound TCP address
-    /// when absent (then `listen` must not be a wildcard or a Unix socket).
+    /// How the other nodes reach this one: `http://host:port`, the bound TCP address
+    /// when absent (then `listen` must not be a wildcard or a Unix socket); with peer
+    /// TLS `https://host:port` (`peer_listen`'s), the bound `peer_listen` address when
+    /// absent (then not a wildcard).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub advertise_url: Option<String>,
     /// Shared secret nodes present to each other (`x-sandboxd-peer`), marking a request
@@ -49,6 +53,21 @@ pub struct ClusterConfig {
     /// PEM private key of `etcd_cert`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub etcd_key: Option<PathBuf>,
+    /// `HOST:PORT` of the mTLS listener the other nodes forward to (peer TLS); with
+    /// `peer_ca`, `peer_cert` and `peer_key`, all four or none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_listen: Option<String>,
+    /// PEM CA certificate(s) every node's certificate chains to: the peer listener takes
+    /// only clients it signed, and forwards trust only servers it signed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_ca: Option<PathBuf>,
+    /// PEM certificate this node serves and presents on the peer connections (server and
+    /// client authentication both; a SAN for the host of its `advertise_url`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_cert: Option<PathBuf>,
+    /// PEM private key of `peer_cert`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub peer_key: Option<PathBuf>,
 }
 
 fn lease_ttl() -> u64 {
@@ -79,7 +98,27 @@ fn host_port(rest: &str) -> bool {
     }
 }
 
+/// The four keys of peer TLS, in the order messages name them.
+const PEER_KEYS: [&str; 4] = ["peer_listen", "peer_ca", "peer_cert", "peer_key"];
+
 impl ClusterConfig {
+    /// Whether node-to-node calls go over mTLS (`peer_listen` and the rest are set).
+    pub fn peer_tls(&self) -> bool {
+        self.peer_listen.is_some()
+    }
+
+    /// `peer_listen` as the address to bind (`None` without peer TLS).
+    pub fn peer_listen_addr(&self) -> Result<Option<SocketAddr>> {
+        let Some(listen) = &self.peer_listen else {
+            return Ok(None);
+        };
+        listen.parse().map(Some).map_err(|e| {
+            Error::Config(format!(
+                "[cluster] peer_listen {listen:?} is not HOST:PORT (an IP address and a port): {e}"
+            ))
+        })
+    }
+
     /// Checks every field; `unix_listen` says whether `listen` is a Unix socket.
     pub fn validate(&self, unix_listen: bool) -> Result<()> {
         let bad = |msg: String| Err(Error::Config(format!("[cluster] {msg}")));
@@ -102,10 +141,32 @@ impl ClusterConfig {
         if self.etcd_cert.is_some() && !tls {
             return bad("etcd_cert needs etcd_ca and https:// endpoints".into());
         }
+        let peer_set = [
+            self.peer_listen.is_some(),
+            self.peer_ca.is_some(),
+            self.peer_cert.is_some(),
+            self.peer_key.is_some(),
+        ];
+        if peer_set.contains(&true) && peer_set.contains(&false) {
+            let missing: Vec<&str> = PEER_KEYS
+                .iter()
+                .zip(peer_set)
+                .filter(|(_, set)| !set)
+                .map(|(k, _)| *k)
+                .collect();
+            return bad(format!(
+                "peer_listen, peer_ca, peer_cert and peer_key go together (missing: {})",
+                missing.join(", ")
+            ));
+        }
+        let peer_addr = self.peer_listen_addr()?;
         let files = [
             ("etcd_ca", &self.etcd_ca),
             ("etcd_cert", &self.etcd_cert),
             ("etcd_key", &self.etcd_key),
+            ("peer_ca", &self.peer_ca),
+            ("peer_cert", &self.peer_cert),
+            ("peer_key", &self.peer_key),
         ];
         for (key, path) in files {
             if let Some(p) = path.as_deref().filter(|p| !p.is_file()) {
@@ -119,11 +180,25 @@ impl ClusterConfig {
         {
             return bad("node_name must be 1-63 characters of [A-Za-z0-9._-]".into());
         }
-        match &self.advertise_url {
-            Some(u) if !plain_http_url(u) => {
-                return bad(format!("advertise_url {u:?} is not http://host:port"))
+        match (&self.advertise_url, peer_addr) {
+            (Some(u), Some(_)) if !https_url(u) => {
+                return bad(format!(
+                    "advertise_url {u:?} is not https://host:port (peer TLS is on: the other \
+                     nodes reach this one on peer_listen)"
+                ))
             }
-            None if unix_listen => {
+            (Some(u), None) if !plain_http_url(u) => {
+                let why = if https_url(u) {
+                    " (https:// needs peer_listen, peer_ca, peer_cert and peer_key)"
+                } else {
+                    ""
+                };
+                return bad(format!("advertise_url {u:?} is not http://host:port{why}"));
+            }
+            (None, Some(a)) if a.ip().is_unspecified() => {
+                return bad("advertise_url is required when peer_listen is a wildcard".into())
+            }
+            (None, None) if unix_listen => {
                 return bad("advertise_url is required when listen is a Unix socket".into())
             }
             _ => {}
@@ -161,6 +236,21 @@ mod tests {
             etcd_ca: None,
             etcd_cert: None,
             etcd_key: None,
+            peer_listen: None,
+            peer_ca: None,
+            peer_cert: None,
+            peer_key: None,
+        }
+    }
+
+    /// [`good`] with peer TLS (every PEM path a readable file).
+    fn peer() -> ClusterConfig {
+        ClusterConfig {
+            peer_listen: Some("10.0.0.21:8443".into()),
+            peer_ca: Some("/etc/passwd".into()),
+            peer_cert: Some("/etc/passwd".into()),
+            peer_key: Some("/etc/passwd".into()),
+            ..good()
         }
     }
 
@@ -215,5 +305,66 @@ mod tests {
         assert!(err.is_some());
         let msg = tls.validate(false).unwrap_err().to_string();
         assert!(msg.contains("/nonexistent/ca.pem"), "{msg}");
+
+        // Peer TLS: all four keys or none; an https:// advertise_url with it only.
+        assert!(peer().validate(false).is_ok());
+        assert!(peer().validate(true).is_ok(), "advertised on peer_listen");
+        let with_url = ClusterConfig {
+            advertise_url: Some("https://node-a.internal:8443".into()),
+            ..peer()
+        };
+        assert!(with_url.validate(false).is_ok());
+        assert!(peer().peer_tls() && !good().peer_tls());
+        let peer_cases: [fn(&mut ClusterConfig); 9] = [
+            |c| c.peer_cert = None,
+            |c| c.peer_listen = None,
+            |c| c.peer_listen = Some("localhost:8443".into()),
+            |c| c.peer_listen = Some("10.0.0.21".into()),
+            |c| c.peer_listen = Some("0.0.0.0:8443".into()),
+            |c| c.peer_key = Some("/nonexistent/peer.key".into()),
+            |c| c.peer_ca = Some("/etc".into()),
+            |c| c.advertise_url = Some("http://10.0.0.21:8080".into()),
+            |c| c.advertise_url = Some("https://10.0.0.21".into()),
+        ];
+        for (i, break_it) in peer_cases.iter().enumerate() {
+            let mut c = peer();
+            break_it(&mut c);
+            assert!(c.validate(false).is_err(), "peer case {i} passed: {c:?}");
+        }
+        let msg = |c: ClusterConfig| c.validate(false).unwrap_err().to_string();
+        let half = ClusterConfig {
+            peer_ca: Some("/etc/passwd".into()),
+            ..good()
+        };
+        assert_eq!(
+            msg(half),
+            "config: [cluster] peer_listen, peer_ca, peer_cert and peer_key go together \
+             (missing: peer_listen, peer_cert, peer_key)"
+        );
+        let https_alone = ClusterConfig {
+            advertise_url: Some("https://10.0.0.21:8443".into()),
+            ..good()
+        };
+        assert_eq!(
+            msg(https_alone),
+            "config: [cluster] advertise_url \"https://10.0.0.21:8443\" is not http://host:port \
+             (https:// needs peer_listen, peer_ca, peer_cert and peer_key)"
+        );
+        let wildcard = ClusterConfig {
+            peer_listen: Some("[::]:8443".into()),
+            ..peer()
+        };
+        assert_eq!(
+            msg(wildcard),
+            "config: [cluster] advertise_url is required when peer_listen is a wildcard"
+        );
+        let missing_key = ClusterConfig {
+            peer_key: Some("/nonexistent/peer.key".into()),
+            ..peer()
+        };
+        assert_eq!(
+            msg(missing_key),
+            "config: [cluster] peer_key /nonexistent/peer.key is not a readable file"
+        );
     }
 }

@@ -1,7 +1,8 @@
-//! The proxy to another node: one fresh HTTP/1.1 connection per forwarded request, the
-//! request's head and streamed body passed on with the peer header added, the answer's
-//! head and streamed body passed back, and an upgrade (relay, port tunnel) joined into
-//! one byte pipe once both sides switched. Hop-by-hop headers stay on their hop.
+//! The proxy to another node: one fresh HTTP/1.1 connection per forwarded request (over
+//! mTLS to an `https://` member, with peer TLS), the request's head and streamed body
+//! passed on with the peer header added, the answer's head and streamed body passed back,
+//! and an upgrade (relay, port tunnel) joined into one byte pipe once both sides
+//! switched. Hop-by-hop headers stay on their hop.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -15,14 +16,16 @@ use hyper::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, HOST, UPGRAD
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 
+use super::Cluster;
 use crate::api::Body;
 use crate::error::{Error, Result};
+use crate::serve::Conn;
 
 /// Marks a request as routed already, with the cluster's `peer_token`.
 pub const PEER_HEADER: &str = "x-sandboxd-peer";
 /// Names the node that served (owns) what the answer is about.
 pub const NODE_HEADER: &str = "x-sandboxd-node";
-/// Bound on reaching the other node (TCP connect and HTTP handshake).
+/// Bound on reaching the other node (TCP connect, TLS and HTTP handshakes).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Headers that belong to one connection, not to the request (RFC 9110 §7.6.1).
@@ -47,12 +50,15 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, upgrading: bool) {
     headers.remove(PEER_HEADER);
 }
 
-/// Sends `req` to `url` (`http://host:port`) as a peer, and answers with what comes back.
-/// Unreachable → 502 naming the node.
+/// Sends `req` to member `node` at `url` as a peer of `cluster`, and answers with what
+/// comes back: over mTLS to an `https://` URL (this node's `peer_cert`, the member's
+/// certificate checked against `peer_ca`), plain HTTP to an `http://` one. A scheme that
+/// does not match this node's peer TLS (plaintext from a node with it, TLS from a node
+/// without a certificate), or an unreachable node → 502 naming the node.
 pub async fn forward<B>(
+    cluster: &Cluster,
     node: &str,
     url: &str,
-    peer_token: &str,
     mut req: Request<B>,
 ) -> Result<Response<Body>>
 where
@@ -60,7 +66,11 @@ where
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
     let peer_down = |e: String| Error::Peer(format!("node {node:?} ({url}) is unreachable: {e}"));
-    let authority = url.trim_start_matches("http://").trim_end_matches('/');
+    let (tls, authority) = match target(node, url, cluster.peer_tls.is_some())? {
+        (true, authority) => (cluster.peer_tls.as_ref(), authority),
+        (false, authority) => (None, authority),
+    };
+    let peer_token = &cluster.config.peer_token;
     let upgrading = req.headers().contains_key(UPGRADE);
     let client_side = upgrading.then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
@@ -86,6 +96,17 @@ where
             .await
             .map_err(|e| peer_down(e.to_string()))?;
         let _ = stream.set_nodelay(true);
+        let stream: Box<dyn Conn> = match tls {
+            Some(tls) => {
+                let host = authority.rsplit_once(':').map_or(authority, |(h, _)| h);
+                let session = tls
+                    .connect(host, stream)
+                    .await
+                    .map_err(|e| peer_down(format!("TLS: {e}")))?;
+                Box::new(session)
+            }
+            None => Box::new(stream),
+        };
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| peer_down(e.to_string()))?;
@@ -133,6 +154,29 @@ where
     Ok(Response::from_parts(parts, Proxied(body).boxed()))
 }
 
+/// Whether member `node` at `url` is reached over TLS, and its `host:port`: `https://`
+/// when this node has peer TLS (`tls`), `http://` when it has not; the other way round
+/// is refused (plaintext from a node that has TLS, TLS from a node with no certificate).
+fn target<'u>(node: &str, url: &'u str, tls: bool) -> Result<(bool, &'u str)> {
+    let refuse = |why: &str| Error::Peer(format!("not forwarding to node {node:?} ({url}): {why}"));
+    let (secure, rest) = match (url.strip_prefix("https://"), url.strip_prefix("http://")) {
+        (Some(rest), _) => (true, rest),
+        (None, Some(rest)) => (false, rest),
+        (None, None) => return Err(refuse("its URL is neither http:// nor https://")),
+    };
+    match (secure, tls) {
+        (true, false) => Err(refuse(
+            "it takes peer TLS only, and this node has no peer certificate ([cluster] \
+             peer_listen, peer_ca, peer_cert, peer_key)",
+        )),
+        (false, true) => Err(refuse(
+            "it advertises an http:// URL, and this node has peer TLS: the call would be \
+             plaintext",
+        )),
+        _ => Ok((secure, rest.trim_end_matches('/'))),
+    }
+}
+
 /// The owner's answer body passed on as it streams. A failure midway ends it short:
 /// with the owner's `Content-Length` hyper then breaks the client's connection rather
 /// than end a short body cleanly.
@@ -171,5 +215,32 @@ pub fn name_node(resp: &mut Response<Body>, node: &str) {
     if let Ok(v) = HeaderValue::from_str(node) {
         resp.headers_mut()
             .insert(HeaderName::from_static(NODE_HEADER), v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_scheme_matches_this_nodes_peer_tls() {
+        let ok = |url, tls| target("b", url, tls).map_err(|e| e.to_string());
+        assert_eq!(
+            ok("http://10.0.0.2:8080/", false),
+            Ok((false, "10.0.0.2:8080"))
+        );
+        assert_eq!(ok("https://node-b:8443", true), Ok((true, "node-b:8443")));
+        let plaintext = ok("http://10.0.0.2:8080", true).unwrap_err();
+        assert_eq!(
+            plaintext,
+            "cluster peer: not forwarding to node \"b\" (http://10.0.0.2:8080): it advertises \
+             an http:// URL, and this node has peer TLS: the call would be plaintext"
+        );
+        let no_cert = ok("https://10.0.0.2:8443", false).unwrap_err();
+        assert!(no_cert.contains("has no peer certificate"), "{no_cert}");
+        for tls in [false, true] {
+            let odd = ok("ftp://10.0.0.2:21", tls).unwrap_err();
+            assert!(odd.contains("neither http:// nor https://"), "{odd}");
+        }
     }
 }

@@ -1,14 +1,16 @@
 //! Many nodes, one service, coordinated through etcd (`[cluster]`): membership under a
 //! lease ([`membership`]), placement by warm capacity ([`placement`]), ownership recorded
 //! at claim time and tenant slots counted cluster-wide ([`etcd`]), and any request for a
-//! sandbox forwarded to its owner ([`forward`]). Each node stays the authority for its
-//! own sandboxes: owner-local calls never touch etcd, so losing etcd's quorum stops new
-//! placements, not running work. Without `[cluster]` none of this exists.
+//! sandbox forwarded to its owner ([`forward`]), over mTLS when `peer_*` is set
+//! ([`peer_tls`]). Each node stays the authority for its own sandboxes: owner-local calls
+//! never touch etcd, so losing etcd's quorum stops new placements, not running work.
+//! Without `[cluster]` none of this exists.
 
 pub mod config;
 pub mod etcd;
 pub mod forward;
 pub mod membership;
+pub mod peer_tls;
 pub mod placement;
 mod tls;
 
@@ -21,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::config::ClusterConfig;
 use self::etcd::{Etcd, OwnerRecord};
+use self::peer_tls::{PeerTls, VerifiedPeer};
 use crate::claims::now_ms;
 use crate::error::{Error, Result};
 
@@ -41,6 +44,8 @@ pub struct Cluster {
     pub config: ClusterConfig,
     /// The URL other nodes reach this one at.
     pub url: String,
+    /// mTLS with the other nodes (`peer_*`), when configured.
+    pub peer_tls: Option<PeerTls>,
     etcd: Etcd,
     /// Live members by name, as last read from etcd (kept while etcd is unreachable).
     members: RwLock<BTreeMap<String, NodeRecord>>,
@@ -56,25 +61,31 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// Connects to etcd and takes a lease; the loops start with [`membership::spawn`].
+    /// Loads the peer TLS files, connects to etcd and takes a lease; the loops start
+    /// with [`membership::spawn`]. `bound` is the main listener's address, `peer_bound`
+    /// the peer listener's (with peer TLS, what is advertised when `advertise_url` is not).
     pub async fn join(
         config: ClusterConfig,
         bound: Option<std::net::SocketAddr>,
+        peer_bound: Option<std::net::SocketAddr>,
     ) -> Result<Arc<Cluster>> {
-        let url = match (&config.advertise_url, bound) {
+        let needed = |why: &str| Error::Config(format!("[cluster] advertise_url is needed: {why}"));
+        let url = match (&config.advertise_url, config.peer_tls()) {
             (Some(u), _) => u.trim_end_matches('/').to_string(),
-            (None, Some(a)) if !a.ip().is_unspecified() => format!("http://{a}"),
-            _ => {
-                return Err(Error::Config(
-                    "[cluster] advertise_url is needed: listen is a wildcard or Unix address"
-                        .into(),
-                ))
-            }
+            (None, true) => peer_bound
+                .and_then(peer_tls::advertised)
+                .ok_or_else(|| needed("peer_listen is a wildcard"))?,
+            (None, false) => bound
+                .filter(|a| !a.ip().is_unspecified())
+                .map(|a| format!("http://{a}"))
+                .ok_or_else(|| needed("listen is a wildcard or Unix address"))?,
         };
+        let peer_tls = PeerTls::load(&config)?;
         let etcd = Etcd::connect(&config).await?;
         Ok(Arc::new(Cluster {
             config,
             url,
+            peer_tls,
             etcd,
             members: RwLock::new(BTreeMap::new()),
             members_read_ms: AtomicU64::new(0),
@@ -123,10 +134,17 @@ impl Cluster {
         }
     }
 
-    /// Whether `peer` carries the cluster's peer token (compared in constant time).
-    pub fn is_peer(&self, peer: Option<&hyper::header::HeaderValue>) -> bool {
+    /// Whether `req` comes from another node, routed already: it carries the cluster's
+    /// peer token (compared in constant time) and, with peer TLS, arrived on the peer
+    /// listener ([`VerifiedPeer`]); elsewhere the token alone is not trusted.
+    pub fn is_peer<B>(&self, req: &hyper::Request<B>) -> bool {
         use subtle::ConstantTimeEq;
-        peer.is_some_and(|v| bool::from(v.as_bytes().ct_eq(self.config.peer_token.as_bytes())))
+        if self.peer_tls.is_some() && req.extensions().get::<VerifiedPeer>().is_none() {
+            return false;
+        }
+        req.headers()
+            .get(forward::PEER_HEADER)
+            .is_some_and(|v| bool::from(v.as_bytes().ct_eq(self.config.peer_token.as_bytes())))
     }
 
     /// Where a request for sandbox `id` (not claimed here) goes: its owner while that
