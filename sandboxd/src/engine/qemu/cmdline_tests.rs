@@ -55,6 +55,12 @@ fn qemu_is_sandboxed_and_opens_nothing_by_path() {
         assert!(!arg.contains("path=/run"), "a path QEMU would open: {arg}");
     }
     assert!(a.iter().any(|x| x == "tcg,tb-size=64"));
+    let cpu = a.iter().position(|x| x == "-cpu").expect("-cpu");
+    assert_eq!(
+        a[cpu + 1],
+        "qemu64,+arat",
+        "ARAT, so the idle guest goes tickless"
+    );
 }
 
 #[test]

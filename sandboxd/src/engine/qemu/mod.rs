@@ -603,9 +603,10 @@ impl Engine for QemuEngine {
         });
         let silkd = boot.silkd_args.join(" ");
         Ok(format!(
-            "qemu={} accel={:?} machine={:?} cpus={} memory_mib={} balloon={} image={digest}{disk} silkd=[{silkd}]",
+            "qemu={} accel={:?} tcg_cpu={} machine={:?} cpus={} memory_mib={} balloon={} image={digest}{disk} silkd=[{silkd}]",
             self.version,
             self.accel_choice,
+            cmdline::TCG_CPU,
             self.machine,
             spec.size_config.cpus,
             spec.size_config.memory_mib,
