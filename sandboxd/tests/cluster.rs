@@ -247,7 +247,13 @@ async fn three_nodes_act_as_one_service() {
         204
     );
 
-    // Drain c: its sandbox keeps serving, new claims at c go elsewhere.
+    // Drain c: its sandbox keeps serving, new claims at c go elsewhere. The tenant's
+    // claims above may have taken c's warm guest: its refill is waited for (a loaded
+    // host can take seconds), so that the claim below is served at c.
+    c.wait_pool(Duration::from_secs(60), "c's warm guest back", |p| {
+        p["warm"] == 1
+    })
+    .await;
     let (cid, ctok, cowner) = claim_at(&c, ROOT).await;
     assert_eq!(cowner, "c", "c has a warm guest");
     let r = c.call("POST", "/v1/node/drain", Some(ROOT), None).await;
