@@ -32,7 +32,8 @@ pub(crate) const APT_LISTS: &str = "/var/lib/apt/lists";
 /// runs a 3-member etcd) and `protoc` compiles etcd's protos for the `etcd-client` crate,
 /// which import protobuf's well-known types (`google/protobuf/descriptor.proto`, from
 /// `libprotobuf-dev`: `protobuf-compiler` alone fails that build on a fresh machine);
-/// `openssl` makes throwaway certificates for TLS to etcd (`sandboxd/tests/cluster_tls.rs`).
+/// `openssl` makes throwaway certificates for TLS to etcd and between nodes
+/// (`sandboxd/tests/cluster_tls.rs`, `cluster_mtls.rs`).
 /// A "tool" that starts with `/` is a file the package ships, for packages without a binary.
 const PACKAGES: [(&str, &str); 13] = [
     ("bwrap", "bubblewrap"),
