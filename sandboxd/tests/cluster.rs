@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use testkit::cluster::{member, served_by, start_node, wait_view, PEER_TOKEN};
+use testkit::cluster::{member, retrying_busy, served_by, start_node, wait_view, PEER_TOKEN};
 use testkit::etcd::Etcd;
 use testkit::files_http::call_bytes;
 use testkit::restart::relay_info;
@@ -23,22 +23,10 @@ use testkit::{wait_until, Api, DaemonProcess, Setup, ROOT};
 /// `Retry-After` (etcd slow on a loaded host, a leader election) is waited out and
 /// retried a few times; any other answer is returned as it is.
 async fn echo(api: &Api, id: &str, token: &str, word: &str) -> testkit::http::Resp {
-    let mut r = api.exec(id, token, json!({"argv": ["echo", word]})).await;
-    for _ in 0..5 {
-        let retry_after = r
-            .headers
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        match (r.status.as_u16(), retry_after) {
-            (503, Some(secs)) => {
-                println!("exec: 503, retrying after {secs} s: {}", r.text());
-                tokio::time::sleep(Duration::from_secs(secs)).await;
-                r = api.exec(id, token, json!({"argv": ["echo", word]})).await;
-            }
-            _ => break,
-        }
-    }
-    r
+    retrying_busy("exec", async || {
+        api.exec(id, token, json!({"argv": ["echo", word]})).await
+    })
+    .await
 }
 
 fn stdout(r: &testkit::http::Resp) -> String {
@@ -49,21 +37,10 @@ fn stdout(r: &testkit::http::Resp) -> String {
 /// A claim at `api`, as the SDK makes one: a 503 with `Retry-After` (etcd slow to answer
 /// on a loaded host, a leader election) is waited out and retried, a few times.
 async fn claim_at(api: &Api, token: &str) -> (String, String, String) {
-    let mut r = api.call("POST", "/v1/claim", Some(token), Some("{}")).await;
-    for _ in 0..5 {
-        let retry_after = r
-            .headers
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        match (r.status.as_u16(), retry_after) {
-            (503, Some(secs)) => {
-                println!("claim: 503, retrying after {secs} s: {}", r.text());
-                tokio::time::sleep(std::time::Duration::from_secs(secs)).await;
-                r = api.call("POST", "/v1/claim", Some(token), Some("{}")).await;
-            }
-            _ => break,
-        }
-    }
+    let r = retrying_busy("claim", async || {
+        api.call("POST", "/v1/claim", Some(token), Some("{}")).await
+    })
+    .await;
     assert_eq!(r.status, 200, "claim: {}", r.text());
     let v = r.json();
     (

@@ -23,7 +23,9 @@ use tokio::net::TcpStream;
 use tokio_rustls::TlsConnector;
 
 use testkit::certs::Certs;
-use testkit::cluster::{member, refused, served_by, start_node_with, wait_view, PEER_TOKEN};
+use testkit::cluster::{
+    member, refused, retrying_busy, served_by, start_node_with, wait_view, PEER_TOKEN,
+};
 use testkit::etcd::Etcd;
 use testkit::files_http::call_bytes;
 use testkit::restart::relay_info;
@@ -56,8 +58,8 @@ fn b_warm(view: &Value) -> bool {
 async fn claim(api: &Api, headers: &[(&str, &str)]) -> testkit::http::Resp {
     let mut headers = headers.to_vec();
     headers.push(("content-type", "application/json"));
-    for _ in 0..5 {
-        let r = call_bytes(
+    retrying_busy("claim", async || {
+        call_bytes(
             api.addr(),
             "POST",
             "/v1/claim",
@@ -65,20 +67,9 @@ async fn claim(api: &Api, headers: &[(&str, &str)]) -> testkit::http::Resp {
             &headers,
             b"{}".to_vec(),
         )
-        .await;
-        let retry_after = r
-            .headers
-            .get("retry-after")
-            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
-        match (r.status.as_u16(), retry_after) {
-            (503, Some(secs)) => {
-                println!("claim: 503, retrying after {secs} s: {}", r.text());
-                tokio::time::sleep(Duration::from_secs(secs)).await;
-            }
-            _ => return r,
-        }
-    }
-    panic!("claim: 503 five times");
+        .await
+    })
+    .await
 }
 
 fn id_token(r: &testkit::http::Resp) -> (String, String) {

@@ -94,6 +94,28 @@ pub async fn refused(etcd: &Etcd, name: &str, setup: &Setup, extra: &str) -> Str
     text
 }
 
+/// `call`'s answer, as the SDK treats a 503 with `Retry-After` (etcd slow to answer on a
+/// loaded host, a leader election): waited out and asked again, up to 5 times; any
+/// other answer (or the sixth 503) is returned as it is.
+pub async fn retrying_busy(what: &str, mut call: impl AsyncFnMut() -> Resp) -> Resp {
+    let mut r = call().await;
+    for _ in 0..5 {
+        let retry_after = r
+            .headers
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        match (r.status.as_u16(), retry_after) {
+            (503, Some(secs)) => {
+                println!("{what}: 503, retrying after {secs} s: {}", r.text());
+                tokio::time::sleep(Duration::from_secs(secs)).await;
+                r = call().await;
+            }
+            _ => break,
+        }
+    }
+    r
+}
+
 /// `GET /v1/cluster` as root.
 pub async fn view(api: &Api) -> Value {
     let r = api.call("GET", "/v1/cluster", Some(ROOT), None).await;
