@@ -25,8 +25,8 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
@@ -259,9 +259,63 @@ pub const HOST_STREAMS: usize = MAX_STREAMS - 32;
 
 /// A yamux stream as a tokio `AsyncRead + AsyncWrite`; on the host it holds its place
 /// among [`HOST_STREAMS`] until dropped.
+///
+/// Its halves may be polled from two tasks (silkd reads requests in one and writes
+/// output in another, through `tokio::io::split`). yamux's `Stream` has one command
+/// sender for both: `poll_read` asks it for room to queue a window update and
+/// `poll_write` for room to queue data, and a full sender keeps one waker only, the
+/// last poller's. A reader's poll would so take the writer's wake-up away, and the
+/// writer, waiting for a sender the connection has long drained, would never run
+/// again (the stream stalled, all else alive). Every poll therefore goes to yamux
+/// with a waker that wakes both sides' latest tasks.
 pub struct MuxStream {
     inner: Compat<yamux::Stream>,
+    wakers: Arc<BothWakers>,
     _open: Option<OpenGuard>,
+}
+
+/// The latest reading and writing task of one stream; woken together.
+#[derive(Default)]
+struct BothWakers {
+    read: Mutex<Option<Waker>>,
+    write: Mutex<Option<Waker>>,
+}
+
+impl BothWakers {
+    /// A waker for yamux that wakes both tasks, after noting `cx`'s as `side`'s.
+    fn register(self: &Arc<Self>, side: &Mutex<Option<Waker>>, cx: &Context<'_>) -> Waker {
+        let mut slot = side.lock().unwrap_or_else(|e| e.into_inner());
+        if !slot.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+            *slot = Some(cx.waker().clone());
+        }
+        drop(slot);
+        Waker::from(self.clone())
+    }
+}
+
+impl Wake for BothWakers {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        for side in [&self.read, &self.write] {
+            let w = side.lock().unwrap_or_else(|e| e.into_inner()).take();
+            if let Some(w) = w {
+                w.wake();
+            }
+        }
+    }
+}
+
+impl MuxStream {
+    fn new(inner: yamux::Stream, open: Option<OpenGuard>) -> Self {
+        MuxStream {
+            inner: inner.compat(),
+            wakers: Arc::default(),
+            _open: open,
+        }
+    }
 }
 
 impl std::fmt::Debug for MuxStream {
@@ -285,7 +339,8 @@ impl AsyncRead for MuxStream {
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let waker = self.wakers.register(&self.wakers.read, cx);
+        Pin::new(&mut self.inner).poll_read(&mut Context::from_waker(&waker), buf)
     }
 }
 
@@ -295,15 +350,18 @@ impl AsyncWrite for MuxStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        let waker = self.wakers.register(&self.wakers.write, cx);
+        Pin::new(&mut self.inner).poll_write(&mut Context::from_waker(&waker), buf)
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_flush(cx)
+        let waker = self.wakers.register(&self.wakers.write, cx);
+        Pin::new(&mut self.inner).poll_flush(&mut Context::from_waker(&waker))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        let waker = self.wakers.register(&self.wakers.write, cx);
+        Pin::new(&mut self.inner).poll_shutdown(&mut Context::from_waker(&waker))
     }
 }
 
@@ -373,10 +431,7 @@ where
                     let r = r
                         .map(|s| {
                             open.fetch_add(1, Ordering::SeqCst);
-                            MuxStream {
-                                inner: s.compat(),
-                                _open: Some(OpenGuard(open.clone())),
-                            }
+                            MuxStream::new(s, Some(OpenGuard(open.clone())))
                         })
                         .map_err(|e| io::Error::new(io::ErrorKind::BrokenPipe, e));
                     let _ = waiting.take().expect("checked").send(r);
@@ -408,10 +463,7 @@ where
     let mut conn = yamux::Connection::new(io.compat(), mux_config(), yamux::Mode::Server);
     loop {
         match std::future::poll_fn(|cx| conn.poll_next_inbound(cx)).await {
-            Some(Ok(stream)) => on_stream(MuxStream {
-                inner: stream.compat(),
-                _open: None,
-            }),
+            Some(Ok(stream)) => on_stream(MuxStream::new(stream, None)),
             Some(Err(e)) => return Err(io::Error::new(io::ErrorKind::BrokenPipe, e)),
             None => return Ok(()),
         }

@@ -176,3 +176,75 @@ async fn exhausting_streams_fails_one_open_and_keeps_the_channel() {
     assert!(!opener.is_closed());
     driver.abort();
 }
+
+/// A stream split across two tasks (silkd: requests read in one, output written in the
+/// other) must keep flowing while the reading task keeps re-polling its half: both
+/// halves share yamux's one command sender, whose wake-up must reach the writer.
+#[tokio::test]
+async fn a_split_stream_keeps_writing_while_its_reader_polls() {
+    const TOTAL: usize = 2 << 20;
+    // A slow channel (a TCG guest's serial port) under a host that reads at once: the
+    // guest's yamux queue stays full while its send window stays open.
+    let (host, host_end) = tokio::io::duplex(4096);
+    let (guest_end, guest) = tokio::io::duplex(4096);
+    let (mut from_host, mut to_host) = tokio::io::split(host_end);
+    let (mut from_guest, mut to_guest) = tokio::io::split(guest_end);
+    tokio::spawn(async move { tokio::io::copy(&mut from_host, &mut to_guest).await });
+    tokio::spawn(async move {
+        let mut buf = [0u8; 4096];
+        loop {
+            let n = from_guest.read(&mut buf).await.unwrap();
+            if n == 0 || to_host.write_all(&buf[..n]).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_micros(100)).await;
+        }
+    });
+    tokio::spawn(async move {
+        let (_hello, guest) = guest_handshake(guest).await.unwrap();
+        mux_server(guest, |stream| {
+            let (mut rd, mut wr) = tokio::io::split(stream);
+            tokio::spawn(async move {
+                // The reader task wakes often (as silkd's exec loop does on an exit, a
+                // pump, a timer) and polls its half each time.
+                let mut buf = [0u8; 64];
+                loop {
+                    tokio::select! {
+                        r = rd.read(&mut buf) => if r.map_or(true, |n| n == 0) { return },
+                        () = tokio::task::yield_now() => {}
+                    }
+                }
+            });
+            tokio::spawn(async move {
+                let chunk = vec![5u8; 64 * 1024];
+                for _ in 0..TOTAL / chunk.len() {
+                    wr.write_all(&chunk).await.unwrap();
+                }
+                wr.shutdown().await.unwrap();
+            });
+        })
+        .await
+    });
+    let host = host_handshake(host, &hello(4)).await.unwrap();
+    let (opener, driver) = mux_client(host);
+    let driver = tokio::spawn(driver);
+    let mut s = opener.open().await.unwrap();
+    s.write_all(b"x").await.unwrap();
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 64 * 1024];
+    let read_all = async {
+        loop {
+            match s.read(&mut buf).await.unwrap() {
+                0 => break,
+                n => got += n,
+            }
+        }
+    };
+    let done = tokio::time::timeout(std::time::Duration::from_secs(20), read_all).await;
+    assert!(
+        done.is_ok(),
+        "the stream stalled after {got} of {TOTAL} bytes"
+    );
+    assert_eq!(got, TOTAL);
+    driver.abort();
+}
