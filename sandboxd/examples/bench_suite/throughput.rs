@@ -73,9 +73,9 @@ async fn into_sbx(url: &str, id: &str, bytes: u64) -> Result<(), BoxError> {
 }
 
 /// A bound on one transfer of `bytes`, so that a stalled stream is counted as a failure
-/// and the suite goes on: 10 s plus 1 s per MiB, far beyond any healthy run here. A qemu
-/// guest's output stream was seen to stall for good a few hundred KiB short of its end,
-/// now and then (docs/benchmarks.md, "Known stall").
+/// and the suite goes on: 10 s plus 1 s per MiB, far beyond any healthy run here (a qemu
+/// guest's output stream once stalled for good a few hundred KiB short of its end:
+/// docs/benchmarks.md).
 fn bound(bytes: u64) -> Duration {
     Duration::from_secs(10 + (bytes >> 20))
 }
