@@ -9,6 +9,7 @@
 //! what is missing, without them.
 
 use std::path::Path;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use testkit::files_http::call_bytes;
@@ -21,6 +22,7 @@ fn config(data: &Path, mem_dir: &Path) -> String {
 data_dir = "{data}"
 api_token = "{ROOT}"
 engine = "qemu"
+on_stop = "destroy"
 boot_timeout_seconds = 90
 warmup_timeout_seconds = 90
 
@@ -153,4 +155,16 @@ async fn files_in_a_vm() {
     .await;
     assert_eq!(r.status, 404);
     d.stop().await;
+    // The claimed VM went with the daemon (`on_stop = "destroy"`; the default keeps it
+    // running, and the temp dir's removal would then leave an orphan QEMU behind).
+    let marker = data.to_string_lossy().into_owned();
+    testkit::wait_until(Duration::from_secs(10), "no QEMU left", async || {
+        let left = testkit::procs::procs_with(&marker);
+        if left.is_empty() {
+            Ok(())
+        } else {
+            Err(left)
+        }
+    })
+    .await;
 }
