@@ -157,14 +157,5 @@ async fn files_in_a_vm() {
     d.stop().await;
     // The claimed VM went with the daemon (`on_stop = "destroy"`; the default keeps it
     // running, and the temp dir's removal would then leave an orphan QEMU behind).
-    let marker = data.to_string_lossy().into_owned();
-    testkit::wait_until(Duration::from_secs(10), "no QEMU left", async || {
-        let left = testkit::procs::procs_with(&marker);
-        if left.is_empty() {
-            Ok(())
-        } else {
-            Err(left)
-        }
-    })
-    .await;
+    testkit::procs::wait_gone(&data.to_string_lossy(), Duration::from_secs(10)).await;
 }

@@ -77,20 +77,7 @@ pub async fn refused(etcd: &Etcd, name: &str, setup: &Setup, extra: &str) -> Str
     let text = guard.log_text();
     assert!(!status.success(), "sandboxd exited 0:\n{text}");
     // Whatever it started before giving up (its warm pool) went with it.
-    let marker = tmp.path().to_string_lossy().into_owned();
-    wait_until(
-        Duration::from_secs(10),
-        "the refused node's processes gone",
-        async || {
-            let left = crate::procs::procs_with(&marker);
-            if left.is_empty() {
-                Ok(())
-            } else {
-                Err(left)
-            }
-        },
-    )
-    .await;
+    crate::procs::wait_gone(&tmp.path().to_string_lossy(), Duration::from_secs(10)).await;
     text
 }
 

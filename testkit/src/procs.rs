@@ -125,11 +125,13 @@ pub async fn wait_running(marker: &str) {
 
 /// Waits until no process with `marker` remains (SIGKILL takes a moment to land).
 pub async fn assert_gone(marker: &str) {
+    wait_gone(marker, Duration::from_secs(2)).await
+}
+
+/// [`assert_gone`] within `within`.
+pub async fn wait_gone(marker: &str, within: Duration) {
     let what = format!("every process with {marker:?} to be gone");
-    wait_until(Duration::from_secs(2), &what, async || {
-        empty(procs_with(marker))
-    })
-    .await
+    wait_until(within, &what, async || empty(procs_with(marker))).await
 }
 
 /// Waits until no live process of group `pgid` remains.
