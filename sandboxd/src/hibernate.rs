@@ -27,22 +27,30 @@ pub fn is_sandbox_id(id: &str) -> bool {
         .is_some_and(|h| h.len() == 16 && h.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
+/// Deletes `dir`, the hibernation files of sandbox `id`.
+pub(crate) fn remove_hibernation(id: &str, dir: &std::path::Path) {
+    if let Err(e) = std::fs::remove_dir_all(dir) {
+        tracing::warn!(id, "cannot delete {}: {e}", dir.display());
+    }
+}
+
 impl Node {
     fn hibernation_dir(&self, id: &str) -> PathBuf {
         debug_assert!(is_sandbox_id(id), "{id}");
         self.config.data_dir.join("hibernated").join(id)
     }
 
+    /// The directory of a sandbox's hibernation files, when it has one.
+    pub(crate) fn hibernation_of(&self, id: &str) -> Option<PathBuf> {
+        is_sandbox_id(id)
+            .then(|| self.hibernation_dir(id))
+            .filter(|d| d.exists())
+    }
+
     /// Deletes a sandbox's hibernation files, if it has any.
     pub(crate) fn drop_hibernation(&self, id: &str) {
-        if !is_sandbox_id(id) {
-            return;
-        }
-        let dir = self.hibernation_dir(id);
-        if dir.exists() {
-            if let Err(e) = std::fs::remove_dir_all(&dir) {
-                tracing::warn!(id, "cannot delete {}: {e}", dir.display());
-            }
+        if let Some(dir) = self.hibernation_of(id) {
+            remove_hibernation(id, &dir);
         }
     }
 

@@ -71,6 +71,10 @@ pub trait Guest: Send + Sync + 'static {
     /// Kills the guest and everything in it, and frees its resources. Idempotent; safe to
     /// call while other tasks still hold streams (they see EOF).
     fn destroy(&self) -> BoxFuture<'_, ()>;
+    /// Stops the guest at once without waiting (SIGKILL to its namespace init or its VM):
+    /// nothing in it runs on. `destroy` must still follow, to reap it and free what it
+    /// holds; a release answers after this and leaves that to the background.
+    fn kill(&self) {}
     /// How the guest ended, recorded by its engine's supervisor.
     fn fate(&self) -> &Fate;
     /// Why the guest died on its own (its VM or namespace init exited), once it has.

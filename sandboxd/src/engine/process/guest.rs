@@ -189,6 +189,14 @@ impl Guest for ProcessGuest {
         Box::pin(self.teardown())
     }
 
+    fn kill(&self) {
+        // As `teardown` starts: the exit that follows is asked for, not a failure.
+        self.fate.destroyed();
+        if let Some(init) = &self.pids.lock().expect("pids lock").1 {
+            init.kill();
+        }
+    }
+
     fn fate(&self) -> &Fate {
         &self.fate
     }

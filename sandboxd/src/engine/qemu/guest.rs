@@ -229,6 +229,12 @@ impl Guest for QemuGuest {
         Box::pin(self.kill_and_clean())
     }
 
+    fn kill(&self) {
+        self.destroying.store(true, Ordering::SeqCst);
+        self.fate.destroyed();
+        self.pidfd.kill();
+    }
+
     fn hostname(&self) -> Option<String> {
         let h = self.hostname.lock().expect("hostname lock").clone();
         Some(if h.is_empty() {
