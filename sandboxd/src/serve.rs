@@ -83,6 +83,8 @@ pub fn api_handler(node: Arc<Node>) -> Handler {
     Arc::new(move |req| {
         let node = node.clone();
         Box::pin(async move {
+            // Until the response head: a relay's or a body's streaming is not counted.
+            let _busy = node.pools.busy();
             match api::handle(node, req).await {
                 Ok(resp) => resp,
                 Err(never) => match never {},

@@ -4,6 +4,7 @@
 //! are found by key, one map lookup.
 
 mod golden;
+mod pace;
 mod refill;
 mod targets;
 
@@ -17,6 +18,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use self::golden::GoldenState;
+pub use self::pace::Busy;
+use self::pace::Pace;
 use crate::config::{Config, PoolConfig};
 use crate::engine::{Engine, Guest, GuestSpec};
 use crate::error::{Error, Result};
@@ -73,6 +76,8 @@ pub struct Pools {
     configured: HashMap<PoolKey, PoolConfig>,
     pools: Mutex<BTreeMap<PoolKey, Pool>>,
     refill: Arc<Semaphore>,
+    /// Requests in flight, which refill starts yield to.
+    pace: Arc<Pace>,
     shutdown: CancellationToken,
     workers: Mutex<Vec<JoinHandle<()>>>,
     warnings: Vec<String>,
@@ -116,6 +121,7 @@ impl Pools {
             configured,
             pools: Mutex::new(BTreeMap::new()),
             refill: Arc::new(Semaphore::new(config.refill_concurrency as usize)),
+            pace: Arc::default(),
             shutdown,
             workers: Mutex::new(Vec::new()),
             warnings: loaded.warnings,
@@ -127,6 +133,12 @@ impl Pools {
             pools.save()?;
         }
         Ok(pools)
+    }
+
+    /// Counts an API request in flight until dropped: refill starts wait (briefly) for
+    /// the node to have none.
+    pub fn busy(&self) -> Busy {
+        self.pace.busy()
     }
 
     /// Node-level warnings (config vs saved targets) for `/v1/info`.

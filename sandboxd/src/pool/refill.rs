@@ -86,6 +86,7 @@ impl Pools {
                 let spec = spec.clone();
                 starts.spawn(async move {
                     let asked = std::time::Instant::now();
+                    this.pace.quiet(super::pace::REFILL_YIELD).await;
                     let _permit = this.refill.clone().acquire_owned().await;
                     this.metrics
                         .admission_wait_seconds
