@@ -21,8 +21,9 @@ use wire::{ErrorKind, GuestCodec, Request, Response};
 use crate::proc::{spawn::Spec, ExitStatus, KillOutcome, ProcessTable};
 use crate::{Error, Result};
 
-/// Bytes read from a child's pipe per output frame.
-const CHUNK: usize = 64 * 1024;
+/// Bytes read from a child's pipe per output frame: under sandboxd's 256 KiB cap on a
+/// guest frame (`GUEST_FRAME_MAX`), with room for the frame's header.
+const CHUNK: usize = 192 * 1024;
 /// Frames queued for the writer: with `CHUNK`, bounds one exec's output buffering.
 const OUT_QUEUE: usize = 4;
 /// After the command's leader exits, a pipe still held open by something it left
