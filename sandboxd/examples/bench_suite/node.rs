@@ -63,10 +63,19 @@ impl Node {
         let text = match engine {
             // The test setup's 32 uid blocks cap a node at 32 sandboxes; tti needs more
             // than a hundred (256 blocks stay below the qemu engine's range).
-            Engine::Process => setup.toml(&data, &listen).replace(
-                &format!("uid_count = {}\n", 32 * testkit::setup::UID_BLOCK),
-                &format!("uid_count = {}\n", 256 * testkit::setup::UID_BLOCK),
-            ),
+            Engine::Process => {
+                let text = setup.toml(&data, &listen).replace(
+                    &format!("uid_count = {}\n", 32 * testkit::setup::UID_BLOCK),
+                    &format!("uid_count = {}\n", 256 * testkit::setup::UID_BLOCK),
+                );
+                match static_silkd() {
+                    Some(p) => text.replace(
+                        &format!("silkd_path = {:?}", bins::silkd().display().to_string()),
+                        &format!("silkd_path = {:?}", p.display().to_string()),
+                    ),
+                    None => text,
+                }
+            }
             Engine::Qemu => qemu_toml(&setup, &data, &listen, tmp.path()),
         };
         let daemon = DaemonProcess::start(bins::sandboxd(), tmp.path(), &text).await;
@@ -88,6 +97,16 @@ impl Node {
             })
             .await;
     }
+}
+
+/// The static silkd `cargo xtask image` builds (what a deployment runs, `cargo xtask
+/// dist`), when there is one: a plain `cargo build`'s silkd is dynamic, and the process
+/// engine then binds its loader and libraries into every sandbox and starts it through
+/// the loader (8% of the machine's time in `bench tti`, `perf record -a`).
+fn static_silkd() -> Option<std::path::PathBuf> {
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../target/static/x86_64-unknown-linux-gnu/release/silkd");
+    p.is_file().then_some(p)
 }
 
 /// The qemu engine's config: the process setup's limits and pool, VM sections instead.

@@ -7,7 +7,7 @@
 //! not fit this machine.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sandbox_sdk::{ClaimOptions, Client, Command};
 
@@ -29,9 +29,28 @@ impl Mode {
     }
 }
 
-/// One user's claim, `echo hi` and release.
-async fn user(client: &Client, mode: Mode) -> Result<(), BoxError> {
+/// One user's phases: claim, `echo hi`, release.
+#[derive(Default)]
+struct Phases {
+    claim: Samples,
+    exec: Samples,
+    release: Samples,
+}
+
+impl Phases {
+    /// The phases' rows under their level's row.
+    fn rows(&self, table: &mut Table) {
+        table.row("  of which claim", &self.claim, None);
+        table.row("  of which exec", &self.exec, None);
+        table.row("  of which release", &self.release, None);
+    }
+}
+
+/// One user's claim, `echo hi` and release; each phase's time into `phases`.
+async fn user(client: &Client, mode: Mode) -> Result<[Duration; 3], BoxError> {
+    let t = Instant::now();
     let sandbox = client.claim(ClaimOptions::new()).await?;
+    let claimed = t.elapsed();
     let cmd = Command::new("echo").arg("hi");
     let out = match mode {
         Mode::Buffered => sandbox.exec(&cmd).await.map(|o| o.stdout.to_vec()),
@@ -49,17 +68,19 @@ async fn user(client: &Client, mode: Mode) -> Result<(), BoxError> {
             .await
         }
     };
+    let executed = t.elapsed();
     let released = sandbox.release().await;
+    let done = t.elapsed();
     let out = out?;
     released?;
     if out != b"hi\n" {
         return Err(format!("echo said {:?}", String::from_utf8_lossy(&out)).into());
     }
-    Ok(())
+    Ok([claimed, executed - claimed, done - executed])
 }
 
-/// `users` users at once; their times and failures added to `s`.
-async fn round(client: &Client, mode: Mode, users: usize, s: &mut Samples) {
+/// `users` users at once; their times and failures added to `s`, their phases' to `phases`.
+async fn round(client: &Client, mode: Mode, users: usize, s: &mut Samples, phases: &mut Phases) {
     let mut tasks = Vec::new();
     for _ in 0..users {
         let client = client.clone();
@@ -67,13 +88,18 @@ async fn round(client: &Client, mode: Mode, users: usize, s: &mut Samples) {
             let t = Instant::now();
             user(&client, mode)
                 .await
-                .map(|()| t.elapsed())
+                .map(|p| (t.elapsed(), p))
                 .map_err(|e| e.to_string())
         }));
     }
     for t in tasks {
         match t.await {
-            Ok(Ok(d)) => s.push(d),
+            Ok(Ok((d, [claim, exec, release]))) => {
+                s.push(d);
+                phases.claim.push(claim);
+                phases.exec.push(exec);
+                phases.release.push(release);
+            }
             Ok(Err(e)) => {
                 eprintln!("bench tti: {e}");
                 s.failures += 1;
@@ -119,13 +145,14 @@ pub async fn run(engine: Engine, quick: bool) -> Result<(), BoxError> {
         let client = node.client();
         for mode in [Mode::Buffered, Mode::Relay] {
             for &(users, rounds) in &plan.levels {
-                let mut s = Samples::default();
+                let (mut s, mut phases) = (Samples::default(), Phases::default());
                 for _ in 0..rounds {
                     node.wait_warm(users as u32).await;
-                    round(&client, mode, users, &mut s).await;
+                    round(&client, mode, users, &mut s, &mut phases).await;
                 }
                 let what = format!("{}, concurrency {users}, pool {big}", mode.name());
                 table.row(&what, &s, None);
+                phases.rows(&mut table);
             }
         }
     }
@@ -134,10 +161,11 @@ pub async fn run(engine: Engine, quick: bool) -> Result<(), BoxError> {
     let client = Arc::new(node.client());
     for mode in [Mode::Buffered, Mode::Relay] {
         node.wait_warm(pool).await;
-        let mut s = Samples::default();
-        round(&client, mode, users, &mut s).await;
+        let (mut s, mut phases) = (Samples::default(), Phases::default());
+        round(&client, mode, users, &mut s, &mut phases).await;
         let what = format!("{}, burst of {users} past pool {pool}", mode.name());
         table.row(&what, &s, None);
+        phases.rows(&mut table);
     }
     Ok(())
 }
