@@ -22,6 +22,8 @@ use std::os::fd::{FromRawFd, OwnedFd};
 pub fn prepare(uid: u32, gid: u32, len: u32) -> std::io::Result<OwnedFd> {
     let (ready_r, ready_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)?;
     let max_userns = c"/proc/sys/user/max_user_namespaces";
+    // SAFETY: getpid has no failure mode and no side effect.
+    let parent = unsafe { libc::getpid() };
     // SAFETY: the child makes only async-signal-safe syscalls on values computed before
     // the fork, then waits to be killed; it never returns into Rust code.
     let pid = unsafe { libc::fork() };
@@ -32,11 +34,17 @@ pub fn prepare(uid: u32, gid: u32, len: u32) -> std::io::Result<OwnedFd> {
         // SAFETY: as above: raw syscalls only, ending in _exit or a kill.
         unsafe {
             use std::os::fd::AsRawFd;
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             let ok = libc::setgroups(0, std::ptr::null()) == 0
                 && libc::setresgid(gid, gid, gid) == 0
                 && libc::setresuid(uid, uid, uid) == 0
                 && libc::unshare(libc::CLONE_NEWUSER) == 0;
+            // Dies with sandboxd. Set after the id changes, which clear a death signal
+            // set before them (commit_creds); and a parent already gone by now (sandboxd
+            // SIGKILLed mid-launch) never sends it: this holder would pause forever.
+            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            if libc::getppid() != parent {
+                libc::_exit(1);
+            }
             let fd = if ok {
                 libc::open(max_userns.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC)
             } else {
