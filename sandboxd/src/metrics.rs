@@ -47,9 +47,12 @@ pub struct OriginLabel {
 /// Label set of an admission wait.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct WaitLabel {
-    /// What waited: `start` (a refill's guest start waiting for one of the node's start
-    /// permits). Claims and buffered execs never queue: they are refused at once (429,
-    /// 503 with `Retry-After`), so they have no wait to observe.
+    /// What waited: `start` (a refill's guest start waiting for a moment without
+    /// requests in flight, at most 250 ms, then for one of the node's refill permits), or
+    /// `claim` (a claim that found its pool empty, waiting for one of the on-demand start
+    /// slots, twice the cores, or for a guest to join the pool). Past their limits claims
+    /// and buffered execs do not queue: they are refused at once (429, 503 with
+    /// `Retry-After`).
     pub kind: &'static str,
 }
 

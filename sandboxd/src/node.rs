@@ -21,7 +21,7 @@ use crate::engine::{Engine, Guest};
 use crate::error::{Error, Result};
 use crate::exec::Execs;
 use crate::metrics::{Metrics, SourceLabel};
-use crate::pool::{PoolKey, Pools};
+use crate::pool::{Miss, PoolKey, Pools};
 use crate::relay::Relays;
 use crate::store::{ClaimRecord, Store};
 
@@ -172,18 +172,22 @@ impl Node {
         // A warm guest answered `Info` when it joined the pool; its fate reports a death
         // since then without a round trip, which keeps this path well under a millisecond.
         let guest: Arc<dyn Guest> = loop {
-            match self.pools.take_warm(&key) {
-                Some(g) => match g.failure() {
-                    None => break g,
-                    Some(e) => {
-                        tracing::warn!(guest = g.id(), "warm guest died while idle: {e}");
-                        g.destroy().await;
+            let warm = match self.pools.take_warm(&key) {
+                Some(g) => g,
+                None => match self.pools.miss(&key).await {
+                    Miss::Warm(g) => g,
+                    Miss::Start(_slot) => {
+                        let g = self.pools.start_ready(&spec).await?;
+                        source = g.origin();
+                        break g;
                     }
                 },
-                None => {
-                    let g = self.pools.start_ready(&spec).await?;
-                    source = g.origin();
-                    break g;
+            };
+            match warm.failure() {
+                None => break warm,
+                Some(e) => {
+                    tracing::warn!(guest = warm.id(), "warm guest died while idle: {e}");
+                    warm.destroy().await;
                 }
             }
         };

@@ -65,6 +65,17 @@ struct Pool {
     builds: u64,
     refill_error: Option<String>,
     wake: Arc<Notify>,
+    /// Notified when a guest joins `idle`: a claim waiting for a start slot takes it.
+    joined: Arc<Notify>,
+}
+
+/// What a claim that found its pool empty gets: a guest that joined the pool while it
+/// waited, or a slot to start one of its own (held while it starts).
+pub enum Miss {
+    /// A warm guest.
+    Warm(Arc<dyn Guest>),
+    /// A start slot.
+    Start(tokio::sync::OwnedSemaphorePermit),
 }
 
 /// Every pool of the node.
@@ -76,6 +87,10 @@ pub struct Pools {
     configured: HashMap<PoolKey, PoolConfig>,
     pools: Mutex<BTreeMap<PoolKey, Pool>>,
     refill: Arc<Semaphore>,
+    /// Claims' own starts at once (twice the cores): past that, a burst of misses queues
+    /// in order, and the first ones are served early, instead of all sharing the cores
+    /// and all finishing late.
+    on_demand: Arc<Semaphore>,
     /// Requests in flight, which refill starts yield to.
     pace: Arc<Pace>,
     shutdown: CancellationToken,
@@ -122,6 +137,9 @@ impl Pools {
             pools: Mutex::new(BTreeMap::new()),
             refill: Arc::new(Semaphore::new(config.refill_concurrency as usize)),
             pace: Arc::default(),
+            on_demand: Arc::new(Semaphore::new(
+                2 * std::thread::available_parallelism().map_or(1, |n| n.get()),
+            )),
             shutdown,
             workers: Mutex::new(Vec::new()),
             warnings: loaded.warnings,
@@ -185,6 +203,7 @@ impl Pools {
             golden_error: None,
             builds: 0,
             refill_error: None,
+            joined: Arc::new(Notify::new()),
             wake: Arc::new(Notify::new()),
         };
         self.pools
@@ -259,6 +278,41 @@ impl Pools {
             .set(pool.idle.len() as i64);
         pool.wake.notify_one();
         Some(guest)
+    }
+
+    /// For a claim that found the pool empty: waits for a start slot, or takes a guest
+    /// that joins the pool first (a refill finishing meanwhile).
+    pub async fn miss(&self, key: &PoolKey) -> Miss {
+        let asked = std::time::Instant::now();
+        let Some(joined) = self.with_pool(key, |p| p.joined.clone()) else {
+            return Miss::Start(
+                self.on_demand
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .expect("never closed"),
+            );
+        };
+        let miss = loop {
+            let notified = joined.notified();
+            tokio::pin!(notified);
+            // Registered before the look, so a guest joining in between is not missed.
+            notified.as_mut().enable();
+            if let Some(g) = self.take_warm(key) {
+                break Miss::Warm(g);
+            }
+            tokio::select! {
+                p = self.on_demand.clone().acquire_owned() => {
+                    break Miss::Start(p.expect("never closed"));
+                }
+                () = notified => {}
+            }
+        };
+        self.metrics
+            .admission_wait_seconds
+            .get_or_create(&crate::metrics::WaitLabel { kind: "claim" })
+            .observe(asked.elapsed().as_secs_f64());
+        miss
     }
 
     /// Starts a guest and waits for silkd's `Info`.

@@ -121,6 +121,7 @@ impl Pools {
             self.with_pool(key, |p| {
                 if (p.idle.len() as u32) < p.target {
                     p.idle.push_back(guest);
+                    p.joined.notify_waiters();
                     None
                 } else {
                     Some(guest)
