@@ -386,7 +386,13 @@ fn check_executable(p: &Path) -> Result<()> {
 fn widen(fd: &std::os::fd::OwnedFd) {
     use std::os::fd::AsRawFd;
     // SAFETY: F_SETPIPE_SZ on a pipe fd we own; no memory is passed.
-    unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_SETPIPE_SZ, PIPE_BYTES as libc::c_int) };
+    unsafe {
+        libc::fcntl(
+            fd.as_raw_fd(),
+            libc::F_SETPIPE_SZ,
+            PIPE_BYTES as libc::c_int,
+        )
+    };
 }
 
 /// What [`widen`] asks a stdout pipe to hold: 1 MiB, the default `pipe-max-size`.
