@@ -402,38 +402,40 @@ async fn pump(
     stream: Stream,
     mut status: watch::Receiver<Option<ExitStatus>>,
 ) {
-    let mut buf = vec![0u8; CHUNK];
     let mut leader_exited = status.borrow().is_some();
     loop {
+        // Read straight into the frame's own buffer (no zeroing, no copy out of a
+        // scratch buffer): each byte is copied once here, from the pipe.
+        let mut buf = Vec::with_capacity(CHUNK);
         let read = if leader_exited {
-            match tokio::time::timeout(EXIT_GRACE, pipe.read(&mut buf)).await {
+            match tokio::time::timeout(EXIT_GRACE, pipe.read_buf(&mut buf)).await {
                 Ok(r) => r,
                 Err(_) => return,
             }
         } else {
             tokio::select! {
-                r = pipe.read(&mut buf) => r,
+                r = pipe.read_buf(&mut buf) => r,
                 _ = status.changed() => {
                     leader_exited = true;
                     continue;
                 }
             }
         };
-        let mut n = match read {
+        match read {
             Ok(0) | Err(_) => return,
-            Ok(n) => n,
-        };
+            Ok(_) => {}
+        }
         // A writer in small pieces (`head`, a shell loop) leaves several in the pipe by
         // the time we read: take what is already there, up to a whole chunk, so each
         // frame (encode, relay, decode, write on the client) carries more bytes. Never
         // waits: an empty pipe sends what we have now.
-        while n < CHUNK {
-            match pipe.try_read(&mut buf[n..]) {
+        while buf.len() < CHUNK {
+            match pipe.try_read_buf(&mut buf) {
                 Ok(0) | Err(_) => break,
-                Ok(k) => n += k,
+                Ok(_) => {}
             }
         }
-        let data = buf[..n].to_vec();
+        let data = buf;
         let frame = match stream {
             Stream::Stdout => Response::Stdout { data },
             Stream::Stderr => Response::Stderr { data },
