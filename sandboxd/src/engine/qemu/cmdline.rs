@@ -250,7 +250,11 @@ pub fn args(l: &Launch<'_>) -> Vec<OsString> {
         &format!("{machine},memory-backend=mem"),
     ]);
     push(&["-kernel", &fd_path(KERNEL_FD)]);
-    push(&["-initrd", &fd_path(INITRD_FD)]);
+    // A restoring QEMU gets the kernel's header only (`stub.rs`) and no initramfs: its
+    // guest booted long ago, and QEMU would keep both in its heap for nothing.
+    if !l.incoming {
+        push(&["-initrd", &fd_path(INITRD_FD)]);
+    }
     push(&[
         "-append",
         &kernel_cmdline(l.tsc_khz, l.disk.as_ref(), l.silkd_args),

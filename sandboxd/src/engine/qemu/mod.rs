@@ -32,6 +32,7 @@ mod private;
 pub mod qmp;
 mod snapshot;
 mod spawn;
+mod stub;
 pub mod tsc;
 
 use std::collections::HashMap;
@@ -281,7 +282,13 @@ impl QemuEngine {
             let p = boot.image.join(name);
             File::open(&p).map_err(Error::io(format!("opening {}", p.display())))
         };
-        let (kernel, initrd) = (open("vmlinuz")?, open("initramfs.cpio.gz")?);
+        let kernel = open("vmlinuz")?;
+        // A restoring QEMU boots nothing: the kernel's header and no initramfs (stub.rs).
+        let (kernel, initrd) = if incoming {
+            (stub::kernel_stub(&kernel)?.unwrap_or(kernel), None)
+        } else {
+            (kernel, Some(open("initramfs.cpio.gz")?))
+        };
         // Opened read-only here and inherited: QEMU can only read it, whatever it asks.
         let disk = match &boot.disk {
             Some((path, mib)) => {
@@ -339,7 +346,7 @@ impl QemuEngine {
         };
         let files = Files {
             kernel: &kernel,
-            initrd: &initrd,
+            initrd: initrd.as_ref(),
             memory,
             state,
             disk: disk.as_ref(),

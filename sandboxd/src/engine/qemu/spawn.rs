@@ -31,8 +31,8 @@ const PARKED_FDS_FROM: RawFd = 100;
 pub struct Files<'a> {
     /// The kernel image.
     pub kernel: &'a File,
-    /// The initramfs.
-    pub initrd: &'a File,
+    /// The initramfs (none for a restoring QEMU, which boots nothing).
+    pub initrd: Option<&'a File>,
     /// The golden's memory file (golden and clones).
     pub memory: Option<&'a File>,
     /// The golden's migration state (written by the golden, read by clones).
@@ -96,8 +96,10 @@ pub fn spawn(
         (park(channel.as_raw_fd())?, cmdline::CHANNEL_FD),
         (park(console_qemu.as_raw_fd())?, cmdline::CONSOLE_FD),
         (park(files.kernel.as_raw_fd())?, cmdline::KERNEL_FD),
-        (park(files.initrd.as_raw_fd())?, cmdline::INITRD_FD),
     ];
+    if let Some(i) = files.initrd {
+        inherit.push((park(i.as_raw_fd())?, cmdline::INITRD_FD));
+    }
     if let Some(m) = files.memory {
         inherit.push((park(m.as_raw_fd())?, cmdline::MEMORY_FD));
     }
