@@ -73,6 +73,9 @@ pub const SANDBOX: &str = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,re
 
 /// TCG's translation cache in MiB. QEMU sizes it at up to 1 GiB by default, and a guest
 /// running lots of code fills it; a fixed size keeps QEMU within its cgroup's margin.
+/// 64, not less: only what a guest has filled is resident (an idle clone's ~7 MiB at any
+/// size), and a code-heavy guest ran 2.3x slower at 8 and ~1.3x at 16 (busybox applets and
+/// `ls -lR`; 32 was as fast as 64 there, but real runtimes bring more code).
 pub const TCG_TB_MIB: u64 = 64;
 
 /// The CPU model under TCG: QEMU's default `qemu64` plus ARAT (the local APIC timer keeps
@@ -82,6 +85,14 @@ pub const TCG_TB_MIB: u64 = 64;
 /// second (`/proc/interrupts` LOC; `/proc/timer_list` tick mode periodic, nohz inactive).
 /// With it the guest goes tickless when idle. Part of the golden's key.
 pub const TCG_CPU: &str = "qemu64,+arat";
+
+/// Kernel flags that stop an idle guest waking itself (and QEMU) for nothing: no lockup
+/// watchdog (a 4 s timer, and meaningless under TCG), no proactive compaction (kcompactd
+/// woke every 500 ms), no pressure-stall accounting (its averages ran every 2 s). With
+/// them an idle clone's QEMU made 27 syscalls in 10 s instead of 772 (`strace -c`, no
+/// balloon stats polling; 70 with it). Part of the golden's key, with the whole fixed
+/// kernel command line.
+pub const GUEST_QUIET: &str = "nowatchdog sysctl.vm.compaction_proactiveness=0 psi=0";
 
 /// Everything that varies between guests.
 #[derive(Debug, Clone)]
@@ -176,7 +187,7 @@ pub fn kernel_cmdline(tsc_khz: u64, disk: Option<&RootDisk>, silkd_args: &[Strin
     format!(
         "console=ttyS0 panic=-1 quiet loglevel=1 no_timer_check i8042.noaux i8042.nomux \
          i8042.nopnp i8042.dumbkbd mitigations=off tsc=reliable random.trust_cpu=on \
-         tsc_early_khz={tsc_khz} -- --listen serial:silkd{disk}"
+         tsc_early_khz={tsc_khz} {GUEST_QUIET} -- --listen serial:silkd{disk}"
     )
 }
 

@@ -609,8 +609,11 @@ impl Engine for QemuEngine {
             format!(" disk_mib={mib} template_disk={:?}", self.template_disk)
         });
         let silkd = boot.silkd_args.join(" ");
+        // The guest kernel's flags, without the host's TSC rate (measured at each start,
+        // it may differ by a kHz, and a restored guest keeps its calibration anyway).
+        let kernel = cmdline::kernel_cmdline(0, None, &[]);
         Ok(format!(
-            "qemu={} accel={:?} tcg_cpu={} machine={:?} cpus={} memory_mib={} balloon={} image={digest}{disk} silkd=[{silkd}]",
+            "qemu={} accel={:?} tcg_cpu={} machine={:?} cpus={} memory_mib={} balloon={} image={digest}{disk} silkd=[{silkd}] kernel=[{kernel}]",
             self.version,
             self.accel_choice,
             cmdline::TCG_CPU,
