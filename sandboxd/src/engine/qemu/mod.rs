@@ -463,10 +463,14 @@ impl QemuEngine {
             .await?;
             qmp.wait_migration(MIGRATION_TIMEOUT).await?;
             qmp.execute("cont", None).await?;
+            guest.connect_as(self.boot_timeout, hostname).await?;
+            // After the handshake: QEMU asks for the first statistics at once, and the
+            // guest's work on them (all cold code in a fresh clone) delayed the handshake;
+            // median clone → `Info` 230 ms with it before, 207 after (same run, bench_vm).
             if boot.balloon {
                 enable_balloon_stats(&mut qmp).await;
             }
-            guest.connect_as(self.boot_timeout, hostname).await
+            Ok::<(), Error>(())
         }
         .await;
         if let Err(e) = restored {
