@@ -5,8 +5,13 @@
 //! 1. Cold boot vs clone-from-golden, time from `start` to silkd answering `Info`,
 //!    median of 5 each in the same run, and their ratio.
 //! 2. Memory per clone with 10 idle clones running: RSS and Pss of each QEMU
-//!    (`/proc/PID/smaps_rollup`), the drop of the host's `MemAvailable`, and their idle
-//!    CPU over 5 s (guest + QEMU: silkd waiting for work must not spin).
+//!    (`/proc/PID/smaps_rollup`), where one clone's private dirty memory is (its largest
+//!    mappings in `/proc/PID/smaps`), the drop of the host's `MemAvailable`, and their
+//!    idle CPU over 5 s (guest + QEMU: silkd waiting for work must not spin).
+//!
+//! `BENCH_VM_COLD=0` leaves the cold boots out (a quicker run while tuning clones);
+//! `BENCH_VM_HOLD_S=N` keeps the idle clones N seconds more, their pids printed, for a
+//! look from outside (`strace -c -f -p`, `perf trace`, smaps).
 //! 3. Warm-claim server time: a real sandboxd (in-process, HTTP on loopback) with a warm
 //!    pool; the `Server-Timing` of 20 claims, median.
 
@@ -118,15 +123,18 @@ async fn bench() -> Result<(), BoxError> {
     sandboxd::guest::info(&*g, Duration::from_secs(60)).await?;
     engine.seal_golden(&golden, g).await?;
 
+    let with_cold = std::env::var("BENCH_VM_COLD").map_or(true, |v| v != "0");
     eprintln!("bench_vm: {RUNS} cold boots and {RUNS} clones, interleaved");
     let (mut colds, mut clones) = (Vec::new(), Vec::new());
     for _ in 0..RUNS {
-        let (g, t) = start_to_info(&engine, &cold).await?;
-        if g.origin() != "cold" {
-            return Err("expected a cold boot".into());
+        if with_cold {
+            let (g, t) = start_to_info(&engine, &cold).await?;
+            if g.origin() != "cold" {
+                return Err("expected a cold boot".into());
+            }
+            colds.push(t);
+            g.destroy().await;
         }
-        colds.push(t);
-        g.destroy().await;
         let (g, t) = start_to_info(&engine, &golden).await?;
         if g.origin() != "clone" {
             return Err("expected a clone".into());
@@ -134,25 +142,29 @@ async fn bench() -> Result<(), BoxError> {
         clones.push(t);
         g.destroy().await;
     }
-    let (c, k) = (median(colds.clone()), median(clones.clone()));
+    let k = median(clones.clone());
     println!(
         "start → Info, median of {RUNS} ({}):",
         engine.info().accelerator.unwrap_or_default()
     );
-    println!(
-        "  cold boot:          {:>8.1} ms   (all: {:?})",
-        ms(c),
-        colds.iter().map(|d| ms(*d).round()).collect::<Vec<_>>()
-    );
+    if with_cold {
+        println!(
+            "  cold boot:          {:>8.1} ms   (all: {:?})",
+            ms(median(colds.clone())),
+            colds.iter().map(|d| ms(*d).round()).collect::<Vec<_>>()
+        );
+    }
     println!(
         "  clone from golden:  {:>8.1} ms   (all: {:?})",
         ms(k),
         clones.iter().map(|d| ms(*d).round()).collect::<Vec<_>>()
     );
-    println!(
-        "  ratio cold / clone: {:>8.1}x",
-        c.as_secs_f64() / k.as_secs_f64()
-    );
+    if with_cold {
+        println!(
+            "  ratio cold / clone: {:>8.1}x",
+            median(colds).as_secs_f64() / k.as_secs_f64()
+        );
+    }
 
     eprintln!("bench_vm: {IDLE_CLONES} idle clones");
     let avail_before = mem_available_kib()?;
@@ -177,6 +189,10 @@ async fn bench() -> Result<(), BoxError> {
     println!("{IDLE_CLONES} idle clones (256 MiB guests):");
     println!("  RSS per clone: {:>6.1} MiB (avg)", avg(&rss));
     println!("  Pss per clone: {:>6.1} MiB (avg)", avg(&pss));
+    println!("  private dirty of one clone, largest mappings (KiB):");
+    for (kib, what) in private_dirty_by_mapping(pids[0])? {
+        println!("    {kib:>7}  {what}");
+    }
     println!(
         "  host MemAvailable drop: {:.1} MiB per clone",
         (avail_before.saturating_sub(avail_after)) as f64 / 1024.0 / IDLE_CLONES as f64
@@ -195,6 +211,13 @@ async fn bench() -> Result<(), BoxError> {
         core_pct,
         core_pct / IDLE_CLONES as f64
     );
+    if let Some(hold) = std::env::var("BENCH_VM_HOLD_S")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        eprintln!("bench_vm: holding the idle clones {hold} s: pids {pids:?}");
+        tokio::time::sleep(Duration::from_secs(hold)).await;
+    }
     for g in idle {
         g.destroy().await;
     }
@@ -312,6 +335,43 @@ async fn http(
     let headers = resp.headers().clone();
     let body = resp.into_body().collect().await?.to_bytes();
     Ok((status, headers, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// `Private_Dirty` of each mapping of `pid` in KiB, largest first, with what it maps (a
+/// file, `[heap]`, or its size and permissions for an anonymous one; the rest summed).
+fn private_dirty_by_mapping(pid: u32) -> Result<Vec<(u64, String)>, BoxError> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps"))?;
+    let mut out: Vec<(u64, String)> = Vec::new();
+    let mut what = String::new();
+    for line in text.lines() {
+        let mut f = line.split_whitespace();
+        let first = f.next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            let range = first;
+            let perms = f.next().unwrap_or("");
+            let name = f.nth(3).unwrap_or("");
+            what = if name.is_empty() {
+                let (a, b) = range.split_once('-').unwrap_or(("0", "0"));
+                let size = u64::from_str_radix(b, 16)? - u64::from_str_radix(a, 16)?;
+                format!("anonymous {} KiB {perms}", size / 1024)
+            } else {
+                let file = name.rsplit('/').next().unwrap_or(name);
+                format!("{file} {perms}")
+            };
+        } else if first == "Private_Dirty:" {
+            let kib: u64 = f.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            if kib > 0 {
+                out.push((kib, what.clone()));
+            }
+        }
+    }
+    out.sort_by_key(|o| std::cmp::Reverse(o.0));
+    let total: u64 = out.iter().map(|(k, _)| k).sum();
+    let shown: u64 = out.iter().take(8).map(|(k, _)| k).sum();
+    out.truncate(8);
+    out.push((total - shown, "the rest".into()));
+    out.push((total, "in all".into()));
+    Ok(out)
 }
 
 /// utime + stime of a process, in clock ticks.
