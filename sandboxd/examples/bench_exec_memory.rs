@@ -33,7 +33,8 @@ const BUDGET: u64 = 64 * 1024 * 1024;
 const SLACK: u64 = 32 * 1024 * 1024;
 const CLAIMS: usize = if cfg!(debug_assertions) { 5 } else { 30 };
 
-/// Kills sandboxd (SIGTERM, so it destroys its sandboxes) when the bench ends or fails.
+/// Stops sandboxd (SIGTERM; `on_stop = "destroy"` destroys its sandboxes) when the bench
+/// ends or fails.
 struct Daemon(Child);
 
 impl Drop for Daemon {
@@ -115,6 +116,9 @@ data_dir = "{data}"
 api_token = "{ROOT}"
 silkd_path = "{silkd}"
 max_claims = 64
+# The rounds end with a sandbox still claimed: the default "keep" would leave it running
+# after the SIGTERM, with its data dir deleted (two orphaned sandboxes every run).
+on_stop = "destroy"
 [templates.base]
 rootfs = "{rootfs}"
 [sizes.bench]
