@@ -8,7 +8,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::task::{JoinHandle, JoinSet};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
@@ -326,19 +326,17 @@ impl Node {
     }
 
     /// Destroys sandboxes past their deadline (their running commands die with them), each
-    /// in its own task: one slow destroy delays no other, nor the next look at the clock.
-    /// On shutdown it waits for the destroys under way, so none is cut short.
+    /// in its own task on `teardowns`, as a release does: one slow destroy delays no other,
+    /// nor the next look at the clock, and `shutdown` waits for the ones under way.
     async fn reaper(self: Arc<Self>) {
         let mut tick = tokio::time::interval(REAP_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let mut destroying = JoinSet::new();
         let mut ticks = 0u64;
         loop {
             tokio::select! {
                 _ = tick.tick() => {}
                 _ = self.shutdown.cancelled() => break,
             }
-            while destroying.try_join_next().is_some() {}
             ticks += 1;
             if ticks.is_multiple_of(SNAPSHOT_EXPIRY_TICKS) {
                 self.expire_snapshots();
@@ -351,16 +349,17 @@ impl Node {
                     tracing::warn!(id = %sandbox.id, "cannot delete the expired claim: {e}");
                 }
                 self.drop_hibernation(&sandbox.id);
-                destroying.spawn(async move { sandbox.guest().destroy().await });
+                self.teardowns
+                    .spawn(async move { sandbox.guest().destroy().await });
             }
             self.metrics.sandboxes.set(self.claims.active() as i64);
         }
-        while destroying.join_next().await.is_some() {}
     }
 
-    /// Stops pools and the reaper (its destroys under way finish) and destroys every idle
-    /// guest; then, by `on_stop`, leaves every claimed sandbox that can be re-adopted
-    /// running (`keep`) or destroys them all and deletes their records (`destroy`).
+    /// Stops pools and the reaper and destroys every idle guest; then, by `on_stop`,
+    /// leaves every claimed sandbox that can be re-adopted running (`keep`) or destroys
+    /// them all and deletes their records (`destroy`); last, waits for the teardowns of
+    /// released and expired sandboxes under way, so none is cut short.
     pub async fn shutdown(&self) {
         self.shutdown.cancel();
         let reaper = self.reaper.lock().expect("reaper lock").take();
